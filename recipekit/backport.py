@@ -1,0 +1,158 @@
+"""Generate the DFlash2 backport diff from two pinned vLLM releases and a manifest.
+
+The manifest (patches/v9/manifest.json) names the new files, taken whole, and, for
+each shared file, the change groups that belong to DFlash2. A change group is one
+contiguous run of differing lines between the two releases (difflib's opcodes); a
+selector picks it by a substring of its text that must occur in exactly one group,
+so a drifting release cannot silently change what is selected. The selected groups
+are applied to the older release and the result is diffed against it, so the output
+is a genuine unified diff of the older release, byte-identical from run to run, and
+pinned by its sha256 in the manifest.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+MANIFEST = REPO_ROOT / "patches" / "v9" / "manifest.json"
+
+
+class BackportError(RuntimeError):
+    """The manifest and the releases disagree; the message says where."""
+
+
+@dataclass(frozen=True)
+class ChangeGroup:
+    """One contiguous difference between the old and the new file."""
+
+    old_start: int
+    old_end: int
+    new_start: int
+    new_end: int
+    removed: tuple[str, ...]
+    added: tuple[str, ...]
+
+    @property
+    def text(self) -> str:
+        return "".join("-" + line for line in self.removed) + "".join(
+            "+" + line for line in self.added
+        )
+
+
+def load_manifest(path: Path = MANIFEST) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise BackportError(f"{path}: cannot read the manifest: {error}") from None
+
+
+def change_groups(old: list[str], new: list[str]) -> list[ChangeGroup]:
+    matcher = difflib.SequenceMatcher(None, old, new, autojunk=False)
+    return [
+        ChangeGroup(i1, i2, j1, j2, tuple(old[i1:i2]), tuple(new[j1:j2]))
+        for tag, i1, i2, j1, j2 in matcher.get_opcodes()
+        if tag != "equal"
+    ]
+
+
+def _select(path: str, groups: list[ChangeGroup], selectors: list[dict]) -> list[ChangeGroup]:
+    chosen: list[ChangeGroup] = []
+    for selector in selectors:
+        needle = selector["contains"]
+        hits = [group for group in groups if needle in group.text]
+        if len(hits) != 1:
+            raise BackportError(
+                f"{path}: selector {needle!r} matches {len(hits)} change groups, "
+                f"expected exactly 1; update patches/v9/manifest.json"
+            )
+        group = hits[0]
+        if group in chosen:
+            raise BackportError(f"{path}: selector {needle!r} picks a group already selected")
+        if "take_added" in selector:
+            group = _take_added(path, group, selector)
+        chosen.append(group)
+    return sorted(chosen, key=lambda group: group.old_start)
+
+
+def _take_added(path: str, group: ChangeGroup, selector: dict) -> ChangeGroup:
+    """Keep a slice of a pure insertion that merged DFlash2 lines with a neighbour's."""
+    start, end = selector["take_added"]
+    if group.removed or not 0 <= start < end <= len(group.added):
+        raise BackportError(
+            f"{path}: take_added {selector['take_added']} does not fit the insertion "
+            f"selected by {selector['contains']!r}; update patches/v9/manifest.json"
+        )
+    added = group.added[start:end]
+    if selector["contains"] not in "".join(added):
+        raise BackportError(f"{path}: take_added drops the line holding {selector['contains']!r}")
+    return ChangeGroup(group.old_start, group.old_end, group.new_start + start,
+                       group.new_start + end, (), added)
+
+
+def _apply_groups(old: list[str], groups: list[ChangeGroup]) -> list[str]:
+    result: list[str] = []
+    cursor = 0
+    for group in groups:
+        result.extend(old[cursor : group.old_start])
+        result.extend(group.added)
+        cursor = group.old_end
+    result.extend(old[cursor:])
+    return result
+
+
+def _read_lines(tree: Path, relative: str, release: str) -> list[str]:
+    path = tree / "vllm" / relative
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise BackportError(f"vllm {release} has no vllm/{relative}") from None
+    if text and not text.endswith("\n"):
+        raise BackportError(f"vllm {release}: vllm/{relative} lacks a final newline")
+    return text.splitlines(keepends=True)
+
+
+def _file_diff(relative: str, old: list[str] | None, new: list[str]) -> str:
+    name = f"vllm/{relative}"
+    header = f"diff --git a/{name} b/{name}\n"
+    if old is None:
+        header += "new file mode 100644\n"
+        body = difflib.unified_diff([], new, fromfile="/dev/null", tofile=f"b/{name}", n=3)
+    else:
+        body = difflib.unified_diff(old, new, fromfile=f"a/{name}", tofile=f"b/{name}", n=3)
+    lines = list(body)
+    # difflib writes "@@ -0,0 +1,N @@" for new files; git does the same, keep it.
+    lines[0] = lines[0].rstrip() + "\n"
+    lines[1] = lines[1].rstrip() + "\n"
+    return header + "".join(lines)
+
+
+def generate(old_tree: Path, new_tree: Path, manifest: dict) -> str:
+    """The backport diff text for ``manifest`` between the two release trees."""
+    parts: list[str] = []
+    sections = [manifest["shared_files"], manifest.get("companion_files", {})]
+    selections: dict[str, list[dict]] = {}
+    for section in sections:
+        for relative, selectors in section.items():
+            if relative in selections:
+                raise BackportError(f"{relative}: listed twice in the manifest")
+            selections[relative] = selectors
+    for relative in sorted(set(selections) | set(manifest["new_files"])):
+        if relative in manifest["new_files"]:
+            if (old_tree / "vllm" / relative).exists():
+                raise BackportError(f"vllm {manifest['base']} already has vllm/{relative}")
+            parts.append(_file_diff(relative, None, _read_lines(new_tree, relative, manifest["source"])))
+            continue
+        old = _read_lines(old_tree, relative, manifest["base"])
+        new = _read_lines(new_tree, relative, manifest["source"])
+        chosen = _select(relative, change_groups(old, new), selections[relative])
+        parts.append(_file_diff(relative, old, _apply_groups(old, chosen)))
+    return "".join(parts)
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
