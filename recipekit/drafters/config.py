@@ -60,6 +60,16 @@ def load_config(path):
     return raw
 
 
+def _window_vllm_sees(raw, dflash):
+    """(window, field) as vLLM reads it: swa_window_size, else the config object's sliding_window."""
+    if "swa_window_size" in dflash:
+        return dflash["swa_window_size"], "dflash_config.swa_window_size"
+    if raw.get("model_type") == "qwen3" and not raw.get("use_sliding_window"):
+        # transformers' Qwen3Config sets sliding_window to None unless use_sliding_window is true
+        return None, "sliding_window (use_sliding_window is not true)"
+    return raw.get("sliding_window"), "sliding_window"
+
+
 def _causal(raw, layer_kind):
     # vLLM's order: top-level is_causal, then dflash_config.causal, else causal iff sliding.
     if raw.get("is_causal") is not None:
@@ -120,27 +130,25 @@ def read_shape(path, raw):
                       f"must divide hidden_size {hidden_size}", "the drafter config is inconsistent")
 
     layer_types = raw.get("layer_types")
-    if layer_types is None:
-        layer_kind = FULL  # vLLM reads a drafter without layer_types as full attention
-    else:
-        if not isinstance(layer_types, list) or len(layer_types) != layers:
-            raise Refused(path, "layer_types", layer_types, f"must list {layers} layer types",
-                          "the drafter config is inconsistent")
-        kinds = set(layer_types)
-        if not kinds <= {SLIDING, FULL}:
-            raise Refused(path, "layer_types", sorted(map(str, kinds)), f"must be {SLIDING!r} or {FULL!r}",
-                          "this drafter is outside what the recipe serves")
-        if len(kinds) != 1:
-            raise Refused(path, "layer_types", layer_types, "must be all sliding or all full attention",
-                          "mixed drafters are outside what the recipe serves")
-        layer_kind = kinds.pop()
+    if not isinstance(layer_types, list) or len(layer_types) != layers:
+        raise Refused(path, "layer_types", layer_types, f"must list the attention of all {layers} layers",
+                      "the drafter config must say which layers are sliding")
+    kinds = set(map(str, layer_types))
+    if not kinds <= {SLIDING, FULL}:
+        raise Refused(path, "layer_types", sorted(kinds), f"must be {SLIDING!r} or {FULL!r}",
+                      "this drafter is outside what the recipe serves")
+    if len(kinds) != 1:
+        raise Refused(path, "layer_types", layer_types, "must be all sliding or all full attention",
+                      "mixed drafters are outside what the recipe serves")
+    layer_kind = kinds.pop()
 
     window = None
     if layer_kind == SLIDING or dflash.get("use_swa"):
-        window = dflash.get("swa_window_size", raw.get("sliding_window"))
+        window, window_field = _window_vllm_sees(raw, dflash)
         if not _is_int(window) or window < 1:
-            raise Refused(path, "dflash_config.swa_window_size or sliding_window", window,
-                          "a sliding drafter must give a positive window", "fix the drafter config")
+            raise Refused(path, window_field, window,
+                          "sliding layers need a positive window vLLM can read",
+                          "set dflash_config.swa_window_size (or sliding_window with use_sliding_window)")
 
     return DrafterShape(
         layers=layers,
@@ -155,9 +163,10 @@ def read_shape(path, raw):
 
 
 def served_config(raw, shape, window, provenance):
-    """The config vLLM is given: full-attention layers become non-causal windows of `window`.
+    """The config vLLM is given: full-attention layers are served as sliding windows of `window`.
 
-    Sliding drafters keep every field they had. `provenance` (source, revision) is recorded
+    Causality is left as the drafter states it (full-attention layers resolve non-causal in
+    vLLM unless the config says otherwise). Sliding drafters keep every field they had. `provenance` (source, revision) is recorded
     under a key of our own, which vLLM's config loader carries along and never reads.
     """
     derived = json.loads(json.dumps(raw))
