@@ -211,11 +211,23 @@ def plan(root: Path, diff_text: str) -> PatchPlan:
     except PatchRefused as forward_error:
         if any(f.is_binary_file for f in patch):
             raise
-        try:
-            [_plan_file(root, f, reverse=True) for f in patch]
-        except PatchRefused:
-            raise forward_error from None
-        return PatchPlan("already-applied", [])
+        applied = [f.path for f in patch if _reverse_matches(root, f)]
+        if len(applied) == len(patch):
+            return PatchPlan("already-applied", [])
+        if applied:
+            forward_error.detail += (
+                f"\nthe tree is partly patched: {len(applied)} of {len(patch)} files already "
+                f"carry their change ({', '.join(applied[:4])})"
+            )
+        raise forward_error from None
+
+
+def _reverse_matches(root: Path, patched_file) -> bool:
+    try:
+        _plan_file(root, patched_file, reverse=True)
+    except PatchRefused:
+        return False
+    return True
 
 
 def write(root: Path, patch_plan: PatchPlan) -> None:

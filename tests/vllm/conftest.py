@@ -1,0 +1,53 @@
+"""Fixtures of the vllm tier: real release trees from PyPI, copied per test."""
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from recipekit.vllm_sources import release_tree
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def release():
+    """release("0.27.1") -> the cached, read-only release tree (fetched once)."""
+    return release_tree
+
+
+@pytest.fixture
+def tree_copy(tmp_path, release):
+    """tree_copy("0.27.1") -> a private copy of a release tree that a test may patch.
+
+    Files are hard links: the applier replaces files through a rename, never in
+    place, so the cache is never changed (and a test would notice if it were).
+    """
+
+    def make(version: str) -> Path:
+        target = tmp_path / f"vllm-{version}"
+        shutil.copytree(release(version), target, copy_function=os.link)
+        return target
+
+    return make
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    """sha256 of every file under root, by relative path."""
+    return {
+        str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(root.rglob("*"))
+        if path.is_file()
+    }
+
+
+def run_script(*args: str, cwd: Path = REPO_ROOT, env: dict | None = None):
+    """Run a repository script with this interpreter; returns the CompletedProcess."""
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, capture_output=True, text=True,
+        env={**os.environ, **(env or {})}, timeout=900,
+    )
