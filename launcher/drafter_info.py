@@ -1,0 +1,48 @@
+"""What the launcher needs to know about a published drafter before fetching it.
+
+python3 drafter_info.py KEY WINDOW prints `repo_id=`, `revision=` and `startup=` lines.
+The repo id, licence and pin come from recipekit/drafters/catalog.py; the start-up
+phrase for DRY_RUN is built here from the catalog's licence and the published layer
+shapes (REFERENCE.md), because DRY_RUN has no weights for prepare-drafter to read.
+A real run prints prepare-drafter's own phrase instead.
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from recipekit.drafters import catalog  # noqa: E402  (needs the path above)
+
+# Published layer shapes (REFERENCE.md drafter table): (layers, attention, native window).
+_PUBLISHED_SHAPES = {
+    "incoai/GLM-5.3-Flash-DFlash2": (5, "sliding", 2048),
+    "canada-quant/GLM-5.3-Flash-DFlash2-G": (8, "full", None),
+}
+
+
+def startup_phrase(drafter, window):
+    licence = drafter.licence_name
+    if drafter.non_commercial:
+        licence += ", non-commercial"
+    layers, attention, native_window = _PUBLISHED_SHAPES[drafter.repo_id]
+    if attention == "full":
+        return f"{licence}; {layers} full-attention layers served at a {window}-token window"
+    return f"{licence}; {layers} sliding layers, {native_window}-token window"
+
+
+def main(argv):
+    key, window = argv[1], int(argv[2])
+    drafter = catalog.DRAFTERS.get(key)
+    if drafter is None:
+        known = " | ".join(sorted(catalog.DRAFTERS))
+        print(f"refused: DRAFTER={key}: accepted: {known} | an absolute path", file=sys.stderr)
+        return 2
+    print(f"repo_id={drafter.repo_id}")
+    print(f"revision={drafter.revision or ''}")
+    print(f"startup={startup_phrase(drafter, window)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
