@@ -1,0 +1,1 @@
+"""Decode benchmark and receipts for an OpenAI-compatible server (vLLM first)."""

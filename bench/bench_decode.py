@@ -1,0 +1,295 @@
+#!/usr/bin/env python3
+"""Measure streamed decode speed and draft acceptance of an OpenAI-compatible server.
+
+    bench/bench_decode.py [--url http://127.0.0.1:8000] [--phase both] [--concurrency 1,2,4]
+                          [--runs 3] [--max-tokens 200] [--json results.json]
+    bench/bench_decode.py --compare A.json B.json
+
+For each phase (prose, structured) and concurrency c it runs `--runs` waves of c streams at
+once, every stream greedy, thinking off, with its own unique prompt prefix. It reads the
+spec-decode counters of /metrics around each concurrency block. Exit code: 0 when every
+stream was measured and no block was invalidated, 1 otherwise (a summary says what), 2 when
+it could not start (bad option, server unreachable, model ambiguous). The JSON contract is
+documented in README.md (section "Bench").
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import secrets
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make the `bench` package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import httpx  # noqa: E402
+
+from bench import prompts, report  # noqa: E402
+from bench.progress import BenchProgress  # noqa: E402
+from bench.server_metrics import (  # noqa: E402
+    MetricsSnapshot, acceptance, fetch_metrics, restart_between, spec_delta)
+from bench.stream_client import Tally, chat_request, run_stream  # noqa: E402
+from bench.summary import build_cell, wave_figures  # noqa: E402
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+WARMUP_TOKENS = 16
+
+
+class BenchError(Exception):
+    """A reason the bench cannot start, phrased for the user."""
+
+
+def _concurrency_list(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        values = []
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(
+            f"--concurrency must be comma-separated positive integers like 1,2,4, got {text!r}")
+    return list(dict.fromkeys(values))
+
+
+def _positive(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text!r}")
+        return value
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="bench_decode.py", description=__doc__.split("\n\n")[0],
+                                allow_abbrev=False)
+    p.add_argument("--url", default=DEFAULT_URL, help=f"server base URL (default {DEFAULT_URL})")
+    p.add_argument("--model", help="model id (default: the one /v1/models lists)")
+    p.add_argument("--phase", choices=["prose", "structured", "both"], default="both")
+    p.add_argument("--concurrency", type=_concurrency_list, default=[1, 2, 4],
+                   help="comma-separated stream counts per wave (default 1,2,4)")
+    p.add_argument("--runs", type=_positive(1), default=3, help="waves per cell (default 3)")
+    p.add_argument("--max-tokens", type=_positive(2), default=200)
+    p.add_argument("--warmup", type=_positive(0), default=1,
+                   help=f"unmeasured {WARMUP_TOKENS}-token requests sent first (default 1)")
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="seconds a stream may wait for its next bytes (default 600)")
+    p.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
+                   help="let the model stop early (default: ignore_eos, exactly max-tokens)")
+    p.add_argument("--json", dest="json_path", metavar="FILE", help="write the result file")
+    p.add_argument("--quiet", action="store_true", help="no progress display")
+    p.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"),
+                   help="print the per-cell change from A to B and exit")
+    return p
+
+
+def _now_iso() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+async def _server_identity(client: httpx.AsyncClient, url: str, model: str | None):
+    try:
+        reply = await client.get(url + "/v1/models")
+    except httpx.HTTPError as exc:
+        raise BenchError(f"cannot reach {url}/v1/models ({exc!r}): is the server up? "
+                         f"pass --url") from exc
+    if reply.status_code != 200:
+        raise BenchError(f"{url}/v1/models answered HTTP {reply.status_code}: is {url} an "
+                         f"OpenAI-compatible server?")
+    try:
+        models = reply.json()
+        ids = [m["id"] for m in models["data"]]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise BenchError(f"{url}/v1/models did not return an OpenAI model list") from exc
+    if model is None:
+        if len(ids) != 1:
+            raise BenchError(f"{url} serves {len(ids)} models ({', '.join(ids) or 'none'}): "
+                             f"pass --model")
+        model = ids[0]
+    version = None
+    try:
+        answer = await client.get(url + "/version")
+        if answer.status_code == 200:
+            version = answer.json().get("version")
+    except (httpx.HTTPError, ValueError, AttributeError):
+        version = None  # /version is a vLLM extra; other servers lack it
+    return model, models, version
+
+
+def _spec_status(before: MetricsSnapshot, after: MetricsSnapshot, delta) -> tuple[str, str | None]:
+    """(status, reason the block is invalid or None)."""
+    for snap in (before, after):
+        if snap.error:
+            return "unavailable", snap.error
+    if delta is None:
+        return "absent", None
+    return ("no_drafts" if delta.drafts <= 0 else "measured"), None
+
+
+def _write_json(path: str, doc: dict) -> None:
+    target = Path(path)
+    temporary = target.with_name(target.name + ".partial")
+    temporary.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    os.replace(temporary, target)
+
+
+async def run_bench(opts: argparse.Namespace, progress: BenchProgress) -> dict:
+    """Run every cell; return the result document (the JSON contract)."""
+    phases = list(prompts.PHASES) if opts.phase == "both" else [opts.phase]
+    url = opts.url.rstrip("/")
+    widest = max(opts.concurrency)
+    limits = httpx.Limits(max_connections=widest + 4, max_keepalive_connections=widest + 4)
+    timeout = httpx.Timeout(opts.timeout, connect=10.0)
+    cpu0 = time.process_time()
+    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+        model, models, version = await _server_identity(client, url, opts.model)
+        bench_id = secrets.token_hex(4)
+        request_template = chat_request(model, [], opts.max_tokens, opts.ignore_eos)
+        del request_template["messages"]
+        doc = {
+            "schema": report.SCHEMA,
+            "settings": {"url": url, "model": model, "phases": phases,
+                         "concurrency": opts.concurrency, "runs": opts.runs,
+                         "max_tokens": opts.max_tokens, "warmup": opts.warmup,
+                         "timeout_s": opts.timeout, "ignore_eos": opts.ignore_eos,
+                         "bench_id": bench_id, "request": request_template,
+                         "prompts": {ph: prompts.phase_messages(ph, "<prefix>")[0]["content"]
+                                     for ph in phases}},
+            "server": {"models": models, "vllm_version": version},
+            "started_at": _now_iso(), "finished_at": None,
+            "waves": [], "cells": [], "notes": [],
+        }
+        for n in range(opts.warmup):
+            body = chat_request(model, prompts.phase_messages(
+                phases[0], prompts.unique_prefix(bench_id, "warmup", 1, n, 0)),
+                WARMUP_TOKENS, opts.ignore_eos)
+            record = await run_stream(client, url, body, 0, "warmup", time.perf_counter(), Tally())
+            if not record.ok:
+                doc["notes"].append(f"warm-up request {n + 1} failed: {record.failure} "
+                                    f"{record.detail}")
+                progress.note(doc["notes"][-1])
+        streamed = 0
+        for phase in phases:
+            for c in opts.concurrency:
+                streamed += await _run_cell(client, url, model, phase, c, opts, bench_id, doc,
+                                            progress)
+                if opts.json_path:
+                    _write_json(opts.json_path, doc)
+    cpu = time.process_time() - cpu0
+    doc["finished_at"] = _now_iso()
+    doc["self_cost"] = {"cpu_seconds": cpu, "streamed_tokens": streamed,
+                        "cpu_seconds_per_1000_tokens": (cpu / streamed * 1000 if streamed
+                                                        else None)}
+    return doc
+
+
+async def _run_cell(client, url, model, phase, c, opts, bench_id, doc, progress) -> int:
+    """Run the waves of one (phase, concurrency) cell; append waves and cell to doc."""
+    snapshots = [await fetch_metrics(client, url)]
+    waves, records, restarts = [], [], []
+    streamed = 0
+    for run in range(1, opts.runs + 1):
+        tally = Tally()
+        label = f"{phase} c={c} run {run}/{opts.runs}"
+        prefixes = [prompts.unique_prefix(bench_id, phase, c, run, s) for s in range(c)]
+        bodies = [chat_request(model, prompts.phase_messages(phase, p), opts.max_tokens,
+                               opts.ignore_eos) for p in prefixes]
+        started = time.time()
+        async with progress.wave(label, c * opts.max_tokens, tally):
+            wave_t0 = time.perf_counter()
+            wave_records = await asyncio.gather(*(
+                run_stream(client, url, body, s, prefixes[s], wave_t0, tally)
+                for s, body in enumerate(bodies)))
+        streamed += tally.tokens
+        after = await fetch_metrics(client, url)
+        restart = restart_between(snapshots[-1], after)
+        if restart:
+            restarts.append(f"between run {run - 1} and the end of run {run}: {restart}"
+                            if run > 1 else f"during run 1: {restart}")
+        wave_accept = acceptance(None if restart else spec_delta(snapshots[-1], after))
+        snapshots.append(after)
+        figures = wave_figures(wave_records)
+        wave = {"phase": phase, "concurrency": c, "run": run, "started_at": started,
+                **figures, "acceptance_length": wave_accept["acceptance_length"],
+                "failed_streams": sum(not r.ok for r in wave_records), "restart": restart,
+                "metrics_after": after.to_json(),
+                "streams": [r.to_json() for r in wave_records]}
+        waves.append(wave)
+        records.append(wave_records)
+        doc["waves"].append(wave)
+        progress.wave_done(label, figures, c, wave["failed_streams"])
+    before, after = snapshots[0], snapshots[-1]
+    delta = spec_delta(before, after)
+    status, invalid = _spec_status(before, after, delta)
+    if restarts:
+        status, invalid = "invalid", "; ".join(restarts)
+    cell = build_cell(phase, c, waves, records, delta, status, invalid, len(restarts))
+    cell["metrics_before"] = before.to_json()
+    doc["cells"].append(cell)
+    return streamed
+
+
+def failure_summary(doc: dict) -> list[str]:
+    """One line per failure kind and per invalid cell; empty when all is well."""
+    lines = []
+    kinds = Counter(f["kind"] for cell in doc["cells"] for f in cell["failures"])
+    total = sum(cell["streams"] for cell in doc["cells"])
+    if kinds:
+        lines.append(f"{sum(kinds.values())} of {total} streams failed: " +
+                     ", ".join(f"{kind} x{n}" for kind, n in sorted(kinds.items())))
+        for cell in doc["cells"]:
+            for f in cell["failures"]:
+                lines.append(f"  {cell['phase']} c={cell['concurrency']} run {f['run']} stream "
+                             f"{f['stream']}: {f['kind']}: {f['detail']}")
+    for cell in doc["cells"]:
+        if cell["invalid"]:
+            lines.append(f"{cell['phase']} c={cell['concurrency']} invalid: "
+                         f"{cell['invalid_reason']}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    opts = parser.parse_args(argv)
+    if opts.compare:
+        try:
+            a, b = (report.load_result(path) for path in opts.compare)
+        except ValueError as exc:
+            print(f"bench_decode: {exc}", file=sys.stderr)
+            return 2
+        print(report.compare(a, b))
+        return 0
+    if not opts.url.startswith(("http://", "https://")):
+        parser.error(f"--url must start with http:// or https://, got {opts.url!r}")
+    if opts.timeout <= 0:
+        parser.error(f"--timeout must be > 0 seconds, got {opts.timeout}")
+    phases = 2 if opts.phase == "both" else 1
+    progress = BenchProgress(BenchProgress.pick_mode(opts.quiet),
+                             phases * len(opts.concurrency) * opts.runs)
+    try:
+        with progress:
+            doc = asyncio.run(run_bench(opts, progress))
+    except BenchError as exc:
+        print(f"bench_decode: {exc}", file=sys.stderr)
+        return 2
+    if opts.json_path:
+        _write_json(opts.json_path, doc)
+    print(report.markdown_table(doc["cells"]))
+    problems = failure_summary(doc)
+    if problems:
+        print("\nbench_decode: FAILED\n" + "\n".join(problems), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

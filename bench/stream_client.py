@@ -1,0 +1,216 @@
+"""One streamed chat completion: when its chunks arrived, how many tokens each carried, and
+what went wrong with it, if anything."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+# how tokens per chunk were counted (the `method` of a result)
+METHOD_CONTINUOUS_USAGE = "continuous_usage"
+METHOD_FINAL_USAGE = "final_usage_first_chunk_one"
+
+# failure kinds a stream can be given (HTTP errors are named http_<status>)
+FAILURE_KINDS = (
+    "error_event",      # the server sent an error object inside the stream
+    "truncated",        # the stream stopped before finish_reason / the connection broke
+    "missing_done",     # the stream ended without `data: [DONE]`
+    "missing_usage",    # no final usage chunk, so completion tokens are unknown
+    "usage_mismatch",   # per-chunk usage does not add up to the final usage
+    "bad_chunk",        # a data line that is not JSON
+    "too_short",        # fewer than two token-bearing chunks: no decode rate exists
+    "timeout",
+    "connect_error",
+)
+
+
+def chat_request(model: str, messages: list[dict], max_tokens: int, ignore_eos: bool) -> dict:
+    """The streamed, greedy, thinking-off request every bench stream sends."""
+    return {
+        "model": model,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        "chat_template_kwargs": {"enable_thinking": False},
+        "ignore_eos": ignore_eos,
+    }
+
+
+class Tally:
+    """Tokens seen so far in a wave, read by the progress display."""
+
+    def __init__(self) -> None:
+        self.tokens = 0
+        self.finished = 0
+        self.failed = 0
+
+
+@dataclass
+class StreamRecord:
+    stream: int
+    prefix: str
+    ok: bool = False
+    failure: str | None = None
+    detail: str = ""
+    http_status: int | None = None
+    ttft_s: float | None = None
+    t_first_s: float | None = None
+    t_last_s: float | None = None
+    completion_tokens: int | None = None
+    decode_tokens: int | None = None
+    tok_s: float | None = None
+    method: str | None = None
+    finish_reason: str | None = None
+    saw_done: bool = False
+    chunk_times_s: list[float] = field(default_factory=list)
+    chunk_tokens: list[int | None] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        out = dict(self.__dict__)
+        out["chunk_times_s"] = [round(t, 6) for t in self.chunk_times_s]
+        return out
+
+
+def _error_message(payload: object) -> str:
+    if isinstance(payload, dict):
+        inner = payload.get("error", payload)
+        if isinstance(inner, dict):
+            return str(inner.get("message") or inner)[:300]
+        return str(inner)[:300]
+    return str(payload)[:300]
+
+
+class _StreamParse:
+    """Accumulates what the SSE lines of one stream say."""
+
+    def __init__(self, record: StreamRecord, wave_t0: float, tally: Tally):
+        self.record, self.wave_t0, self.tally = record, wave_t0, tally
+        self.error: str | None = None
+        self.final_usage: dict | None = None
+        self.cumulative = 0
+        self.every_chunk_has_usage = True
+        self.first_chunk_abs: float | None = None
+
+    def line(self, line: str, now: float) -> None:
+        if not line.startswith("data:"):
+            return  # SSE comments, event names and blank separators carry no data
+        data = line[5:].strip()
+        if data == "[DONE]":
+            self.record.saw_done = True
+            return
+        try:
+            obj = json.loads(data)
+        except json.JSONDecodeError:
+            if self.error is None:
+                self.error = f"bad_chunk: {data[:120]!r}"
+            return
+        if not isinstance(obj, dict):
+            return
+        if "error" in obj or obj.get("object") == "error":
+            self.error = self.error or f"error_event: {_error_message(obj)}"
+            return
+        usage = obj.get("usage")
+        choices = obj.get("choices") or []
+        if not choices:
+            if isinstance(usage, dict):
+                self.final_usage = usage
+            return
+        choice = choices[0]
+        self.record.finish_reason = choice.get("finish_reason") or self.record.finish_reason
+        if isinstance(usage, dict) and "completion_tokens" in usage:
+            tokens = int(usage["completion_tokens"]) - self.cumulative
+            self.cumulative = int(usage["completion_tokens"])
+            bearing = tokens > 0
+        else:
+            self.every_chunk_has_usage = False
+            delta = choice.get("delta") or {}
+            tokens = None
+            bearing = bool(delta.get("content") or delta.get("reasoning_content")
+                           or delta.get("reasoning") or delta.get("tool_calls"))
+        if bearing:
+            if self.first_chunk_abs is None:
+                self.first_chunk_abs = now
+            self.record.chunk_times_s.append(now - self.wave_t0)
+            self.record.chunk_tokens.append(tokens)
+            self.tally.tokens += tokens or 1
+
+
+def _fail(record: StreamRecord, kind: str, detail: str) -> StreamRecord:
+    record.ok, record.failure, record.detail = False, kind, detail
+    return record
+
+
+def _finish(record: StreamRecord, parse: _StreamParse, t_sent: float) -> StreamRecord:
+    """Decide whether the stream is measurable and, if so, measure it."""
+    if parse.error:
+        kind, _, detail = parse.error.partition(": ")
+        return _fail(record, kind, detail)
+    if not record.saw_done and record.finish_reason is None:
+        return _fail(record, "truncated", "stream ended without finish_reason or [DONE]")
+    if parse.final_usage is None or "completion_tokens" not in parse.final_usage:
+        return _fail(record, "missing_usage", "no final usage chunk (stream_options.include_usage)")
+    if not record.saw_done:
+        return _fail(record, "missing_done", "stream ended without data: [DONE]")
+    record.completion_tokens = int(parse.final_usage["completion_tokens"])
+    times = record.chunk_times_s
+    if len(times) < 2 or times[-1] <= times[0]:
+        return _fail(record, "too_short",
+                     f"{len(times)} token-bearing chunk(s): no decode interval to measure")
+    continuous = parse.every_chunk_has_usage and all(n is not None for n in record.chunk_tokens)
+    if continuous:
+        counted = sum(n or 0 for n in record.chunk_tokens)
+        if counted != record.completion_tokens:
+            return _fail(record, "usage_mismatch", f"chunks carry {counted} tokens, final usage "
+                                                   f"says {record.completion_tokens}")
+        record.method = METHOD_CONTINUOUS_USAGE
+        record.decode_tokens = record.completion_tokens - int(record.chunk_tokens[0] or 0)
+    else:
+        record.method = METHOD_FINAL_USAGE
+        record.chunk_tokens = [None] * len(times)
+        record.decode_tokens = record.completion_tokens - 1
+    record.t_first_s, record.t_last_s = times[0], times[-1]
+    record.ttft_s = (parse.first_chunk_abs or t_sent) - t_sent
+    record.tok_s = record.decode_tokens / (times[-1] - times[0])
+    record.ok = True
+    return record
+
+
+async def run_stream(client: httpx.AsyncClient, url: str, body: dict, stream: int,
+                     prefix: str, wave_t0: float, tally: Tally) -> StreamRecord:
+    """Send one streamed request and return its record; never raises for server faults."""
+    record = await _send(client, url, body, StreamRecord(stream=stream, prefix=prefix),
+                         wave_t0, tally)
+    tally.finished += 1
+    tally.failed += 0 if record.ok else 1
+    return record
+
+
+async def _send(client: httpx.AsyncClient, url: str, body: dict, record: StreamRecord,
+                wave_t0: float, tally: Tally) -> StreamRecord:
+    parse = _StreamParse(record, wave_t0, tally)
+    clock = time.perf_counter
+    t_sent = clock()
+    try:
+        async with client.stream("POST", url + "/v1/chat/completions", json=body) as reply:
+            record.http_status = reply.status_code
+            if reply.status_code != 200:
+                raw = await reply.aread()
+                try:
+                    message = _error_message(json.loads(raw))
+                except ValueError:
+                    message = raw[:300].decode("utf-8", "replace")
+                return _fail(record, f"http_{reply.status_code}", message)
+            async for line in reply.aiter_lines():
+                parse.line(line, clock())
+    except httpx.TimeoutException as exc:
+        return _fail(record, "timeout", f"{type(exc).__name__} after {clock() - t_sent:.1f}s")
+    except httpx.ConnectError as exc:
+        return _fail(record, "connect_error", str(exc) or type(exc).__name__)
+    except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
+        return _fail(record, "truncated", f"connection broke mid-stream ({exc})")
+    return _finish(record, parse, t_sent)
