@@ -51,6 +51,8 @@ def main(argv=None):
     except OSError as error:
         print(f"prepare-drafter: {error.filename or ''}: {error.strerror or error}", file=sys.stderr)
         return EXIT_IO
+    for note in summary["notes"]:
+        print(f"prepare-drafter: note: {note}", file=sys.stderr)
     if args.json:
         print(json.dumps(summary))
     else:

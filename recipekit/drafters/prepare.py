@@ -67,10 +67,12 @@ def prepare(snapshot_dir, out, window=None, name=None, revision=None, licence_id
     else:
         check_mask_row(weights, shape.mask_token_id, shape.hidden_size)
 
+    notes = []
     if shape.window is not None:
         if window is not None and window != shape.window:
-            raise UsageError(f"--window {window} does not apply: {config_path} already serves its layers "
-                             f"at window {shape.window}; drop --window or pass {shape.window}")
+            # --window is the window for full-attention layers; this drafter has none.
+            notes.append(f"--window {window} applies to full-attention layers only; "
+                         f"{identity.name} keeps the window its config gives, {shape.window}")
         served_window = shape.window
     else:
         served_window = window if window is not None else DEFAULT_WINDOW
@@ -102,6 +104,7 @@ def prepare(snapshot_dir, out, window=None, name=None, revision=None, licence_id
         "source": str(snapshot_dir),
         "out": str(out),
         "startup": startup_phrase(identity.name, licence, shape, served_window),
+        "notes": notes,
     }
 
     def build(tmp):

@@ -70,6 +70,7 @@ def test_incoai_shape_passes_unchanged(tmp_path, capsys):
         "source": str(snapshot),
         "out": str(out),
         "startup": "incoai/GLM-5.3-Flash-DFlash2 (CC BY-NC-ND 4.0, non-commercial), 5 sliding layers, window 2048",
+        "notes": [],
     }
     # Weights and card are links into the snapshot, not copies; the snapshot is untouched.
     for name in ("model.safetensors", "README.md"):
@@ -132,12 +133,18 @@ def test_window_option_sets_the_served_window(tmp_path, capsys):
     assert summary["startup"].endswith("8 full-attention layers served at a 1024-token window")
 
 
-def test_window_option_that_would_change_a_sliding_drafter_is_a_usage_error(tmp_path, capsys):
+def test_window_option_leaves_a_sliding_drafter_at_its_own_window_and_says_so(tmp_path, capsys):
     snapshot = make_incoai(tmp_path)
-    code, stdout, stderr = run(capsys, snapshot, "--out", tmp_path / "served", "--window", "4096")
-    assert code == 2 and stdout == ""
-    assert "--window 4096 does not apply" in stderr and "window 2048" in stderr
-    assert not (tmp_path / "served").exists()
+    code, stdout, stderr = run(capsys, snapshot, "--out", tmp_path / "served", "--window", "4096", "--json")
+    assert code == 0
+    summary = json.loads(stdout)
+    assert summary["window"] == 2048 and summary["window_added"] is False
+    assert summary["notes"] == ["--window 4096 applies to full-attention layers only; "
+                                "incoai/GLM-5.3-Flash-DFlash2 keeps the window its config gives, 2048"]
+    assert stderr == f"prepare-drafter: note: {summary['notes'][0]}\n"
+    derived = json.loads((tmp_path / "served" / "config.json").read_text())
+    del derived["recipekit_prepared"]
+    assert derived == json.loads((snapshot / "config.json").read_text())
 
 
 def test_revision_comes_from_the_option_or_is_unknown(tmp_path, capsys):
