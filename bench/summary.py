@@ -21,12 +21,16 @@ def wave_figures(streams: list[StreamRecord]) -> dict:
     post-first-chunk tokens over the span from the earliest first chunk to the latest last."""
     measured = [s for s in streams if s.ok]
     if not measured:
-        return {"per_stream_tok_s": None, "aggregate_tok_s": None, "ttft_s": None}
-    span = max(s.t_last_s for s in measured) - min(s.t_first_s for s in measured)
+        return {"per_stream_tok_s": None, "aggregate_tok_s": None, "ttft_s": None,
+                "first_chunk_spread_s": None}
+    firsts = [s.t_first_s for s in measured]
+    span = max(s.t_last_s for s in measured) - min(firsts)
     return {
         "per_stream_tok_s": statistics.fmean(s.tok_s for s in measured),
         "aggregate_tok_s": sum(s.decode_tokens for s in measured) / span,
         "ttft_s": statistics.fmean(s.ttft_s for s in measured),
+        # streams that start apart lower the aggregate: this says by how much they did
+        "first_chunk_spread_s": max(firsts) - min(firsts),
     }
 
 

@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""Receipts that drafting and batching change nothing: greedy token ids compared position by
+position, each receipt one command whose exit code is the verdict.
+
+    bench/receipts.py lossless --drafted URL --undrafted URL
+    bench/receipts.py solo-vs-concurrent --url URL
+    bench/receipts.py resumed-vs-fresh --url URL
+
+lossless: the drafted server's greedy ids equal the undrafted one's (serve it with SPEC=off).
+solo-vs-concurrent: each prompt sent alone equals the same prompt sent with all the others
+at once. resumed-vs-fresh: a second turn whose first turn is in the prefix cache equals the
+same full conversation sent cold (a unique cache_salt). At the first differing position the
+top-2 logprob margin is reported; when both sides put it under --near-tie-nats the
+difference is a near-tie (greedy may go either way there), not a failure.
+
+Exit code: 0 every prompt identical or a near-tie, 1 a difference (or the drafted server did
+not draft), 2 the receipt could not be taken.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import secrets
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make the `bench` package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import httpx  # noqa: E402
+
+from bench.greedy import (  # noqa: E402
+    VERDICT_IDENTICAL, VERDICT_NEAR_TIE, Comparison, ReceiptError, compare_outputs,
+    record_greedy)
+from bench.server_metrics import fetch_metrics, spec_delta  # noqa: E402
+
+DEFAULT_PROMPTS = (
+    "Write a short paragraph about why lighthouses were painted in bold stripes.",
+    "Count from 1 to 60, one number per line, with nothing else.",
+    "Write a Python function that returns the n-th Fibonacci number, with a docstring.",
+    "List the planets of the solar system with one fact about each.",
+)
+FOLLOW_UP = "Now continue: say more about the same subject, in the same style."
+
+
+def _salt() -> str:
+    return "receipt-" + secrets.token_hex(8)
+
+
+def load_prompts(path: str | None) -> list[str]:
+    """One prompt per line; blank lines and lines starting with # are skipped."""
+    if path is None:
+        return list(DEFAULT_PROMPTS)
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ReceiptError(f"--prompts {path}: cannot read it ({exc.strerror})") from exc
+    found = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+    if not found:
+        raise ReceiptError(f"--prompts {path}: no prompts in it (one per line, # comments)")
+    return found
+
+
+async def _model_of(client: httpx.AsyncClient, url: str, model: str | None) -> str:
+    if model:
+        return model
+    try:
+        reply = await client.get(url + "/v1/models")
+        ids = [m["id"] for m in reply.json()["data"]]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        raise ReceiptError(f"cannot read the model list at {url}/v1/models ({exc!r}): is the "
+                           f"server up? pass --model to skip") from exc
+    if len(ids) != 1:
+        raise ReceiptError(f"{url} serves {len(ids)} models ({', '.join(ids) or 'none'}): "
+                           f"pass --model")
+    return ids[0]
+
+
+def _user(prompt: str) -> list[dict]:
+    return [{"role": "user", "content": prompt}]
+
+
+async def lossless(client, opts, prompts) -> tuple[list[Comparison], list[str]]:
+    drafted, undrafted = opts.drafted.rstrip("/"), opts.undrafted.rstrip("/")
+    model_d = await _model_of(client, drafted, opts.model)
+    model_u = await _model_of(client, undrafted, opts.model)
+    before = [await fetch_metrics(client, drafted), await fetch_metrics(client, undrafted)]
+    comparisons = []
+    for prompt in prompts:
+        a = await record_greedy(client, undrafted, model_u, _user(prompt), opts.max_tokens,
+                                _salt())
+        b = await record_greedy(client, drafted, model_d, _user(prompt), opts.max_tokens,
+                                _salt())
+        comparisons.append(compare_outputs(a, b, opts.near_tie_nats))
+    problems = []
+    if not opts.skip_draft_check:
+        after = [await fetch_metrics(client, drafted), await fetch_metrics(client, undrafted)]
+        d_delta, u_delta = spec_delta(before[0], after[0]), spec_delta(before[1], after[1])
+        if d_delta is None or d_delta.drafts <= 0:
+            problems.append(f"the drafted server {drafted} made no drafts (no spec-decode "
+                            f"counters grew on /metrics): the comparison proves nothing; "
+                            f"pass --skip-draft-check if it exposes no metrics")
+        if u_delta is not None and u_delta.drafts > 0:
+            problems.append(f"the undrafted server {undrafted} drafted {u_delta.drafts:g} "
+                            f"times: serve it with SPEC=off")
+    return comparisons, problems
+
+
+async def solo_vs_concurrent(client, opts, prompts) -> tuple[list[Comparison], list[str]]:
+    url = opts.url.rstrip("/")
+    model = await _model_of(client, url, opts.model)
+    # every request is salted so that neither side is served from the other's prefix cache
+    solo = [await record_greedy(client, url, model, _user(p), opts.max_tokens, _salt())
+            for p in prompts]
+    together = await asyncio.gather(*(record_greedy(client, url, model, _user(p),
+                                                    opts.max_tokens, _salt()) for p in prompts))
+    return [compare_outputs(a, b, opts.near_tie_nats) for a, b in zip(solo, together)], []
+
+
+async def resumed_vs_fresh(client, opts, prompts) -> tuple[list[Comparison], list[str]]:
+    url = opts.url.rstrip("/")
+    model = await _model_of(client, url, opts.model)
+    comparisons = []
+    for prompt in prompts:
+        first = await record_greedy(client, url, model, _user(prompt), opts.max_tokens)
+        conversation = _user(prompt) + [{"role": "assistant", "content": first.text},
+                                        {"role": "user", "content": FOLLOW_UP}]
+        resumed = await record_greedy(client, url, model, conversation, opts.max_tokens)
+        fresh = await record_greedy(client, url, model, conversation, opts.max_tokens, _salt())
+        comparisons.append(compare_outputs(fresh, resumed, opts.near_tie_nats))
+    return comparisons, []
+
+
+RECEIPTS = {"lossless": lossless, "solo-vs-concurrent": solo_vs_concurrent,
+            "resumed-vs-fresh": resumed_vs_fresh}
+SIDES = {"lossless": ("undrafted", "drafted"), "solo-vs-concurrent": ("solo", "concurrent"),
+         "resumed-vs-fresh": ("fresh", "resumed")}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="receipts.py", description=__doc__.split("\n\n")[0],
+                                     allow_abbrev=False)
+    sub = parser.add_subparsers(dest="receipt", required=True)
+    for name in RECEIPTS:
+        p = sub.add_parser(name, allow_abbrev=False)
+        if name == "lossless":
+            p.add_argument("--drafted", required=True, help="URL of the server that drafts")
+            p.add_argument("--undrafted", required=True, help="URL of the server with SPEC=off")
+            p.add_argument("--skip-draft-check", action="store_true",
+                           help="do not require the drafted server's counters to grow")
+        else:
+            p.add_argument("--url", default="http://127.0.0.1:8000")
+        p.add_argument("--model", help="model id (default: the one /v1/models lists)")
+        p.add_argument("--max-tokens", type=int, default=128)
+        p.add_argument("--near-tie-nats", type=float, default=0.25,
+                       help="top-2 margin under which a difference is a near-tie (default 0.25)")
+        p.add_argument("--prompts", help="file with one prompt per line (default: built-in)")
+        p.add_argument("--json", dest="json_path", metavar="FILE", help="write the verdicts")
+        p.add_argument("--timeout", type=float, default=600.0)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    opts = parser.parse_args(argv)
+    if opts.max_tokens < 1 or opts.near_tie_nats < 0 or opts.timeout <= 0:
+        parser.error("need --max-tokens >= 1, --near-tie-nats >= 0 and --timeout > 0")
+    urls = [opts.drafted, opts.undrafted] if opts.receipt == "lossless" else [opts.url]
+    for url in urls:
+        if not url.startswith(("http://", "https://")):
+            parser.error(f"server URL must start with http:// or https://, got {url!r}")
+
+    async def take() -> tuple[list[Comparison], list[str]]:
+        limits = httpx.Limits(max_connections=64)
+        async with httpx.AsyncClient(timeout=httpx.Timeout(opts.timeout, connect=10.0),
+                                     limits=limits) as client:
+            return await RECEIPTS[opts.receipt](client, opts, prompts)
+
+    try:
+        prompts = load_prompts(opts.prompts)
+        comparisons, problems = asyncio.run(take())
+    except ReceiptError as exc:
+        print(f"receipts {opts.receipt}: cannot take the receipt: {exc}", file=sys.stderr)
+        return 2
+    side_a, side_b = SIDES[opts.receipt]
+    for index, (prompt, c) in enumerate(zip(prompts, comparisons), 1):
+        print(f"{'PASS' if c.passed else 'FAIL'} prompt {index} ({side_a} vs {side_b}): "
+              f"{c.describe(opts.near_tie_nats)}  [{prompt[:50]}]")
+    for problem in problems:
+        print(f"FAIL {problem}")
+    identical = sum(c.verdict == VERDICT_IDENTICAL for c in comparisons)
+    near = sum(c.verdict == VERDICT_NEAR_TIE for c in comparisons)
+    passed = all(c.passed for c in comparisons) and not problems
+    print(f"{opts.receipt}: {'PASS' if passed else 'FAIL'} ({identical} identical, {near} "
+          f"near-tie, {len(comparisons) - identical - near} different, of {len(comparisons)})")
+    if opts.json_path:
+        settings = {k: v for k, v in vars(opts).items() if k != "json_path"}
+        Path(opts.json_path).write_text(json.dumps({
+            "receipt": opts.receipt, "passed": passed, "settings": settings,
+            "sides": [side_a, side_b], "problems": problems,
+            "results": [dict(c.to_json(), prompt=p) for p, c in zip(prompts, comparisons)],
+        }, indent=1) + "\n", encoding="utf-8")
+    return 0 if passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
