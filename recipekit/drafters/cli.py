@@ -26,7 +26,7 @@ def _parser():
     parser.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
     parser.add_argument("--name", help="repo id to report when the path does not carry one")
     parser.add_argument("--revision", help="commit to record when the path does not carry one")
-    parser.add_argument("--licence", metavar="ID", help="licence id when the model card does not name one")
+    parser.add_argument("--licence", metavar="ID", help="licence id to use when the model card names none")
     parser.add_argument("--catalog", action="store_true", help="print the published drafters as JSON and exit")
     return parser
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import yaml
 from huggingface_hub.repocard import metadata_load
 
-from .errors import Refused
+from .errors import Refused, UsageError
 
 # Hub licence ids that are not Creative Commons, mapped to their SPDX identifier.
 _SPDX_BY_HUB_ID = {
@@ -55,25 +55,27 @@ def licence_from_id(hub_id):
     return Licence(spdx=text, name=text, non_commercial=non_commercial, recognised=False)
 
 
-def read_licence(snapshot_dir, override=None):
-    """The snapshot's licence from README.md front matter, or `override` (an id) if given."""
-    if override is not None:
-        return licence_from_id(override)
+def read_licence(snapshot_dir, fallback=None):
+    """The licence named in README.md's front matter; `fallback` (an id) only if the card names none."""
     card = snapshot_dir / "README.md"
-    if not card.is_file():
-        raise Refused(card, "README.md", "missing", "a model card with `license:` in its front matter is required",
-                      "pass --licence ID if the licence is known from elsewhere")
-    try:
-        metadata = metadata_load(card) or {}
-    except (yaml.YAMLError, ValueError, UnicodeDecodeError) as error:
-        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise Refused(card, "front matter", first_line, "must be a YAML mapping",
-                      "fix the card or pass --licence ID") from None
-    value = metadata.get("license")
-    if value == "other":
-        # The Hub's spelling for a custom licence: its name is in license_name.
-        value = metadata.get("license_name") or value
+    value = None
+    if card.is_file():
+        try:
+            metadata = metadata_load(card) or {}
+        except (yaml.YAMLError, ValueError, UnicodeDecodeError) as error:
+            first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+            raise Refused(card, "front matter", first_line, "must be a YAML mapping",
+                          "fix the card or pass --licence ID") from None
+        value = metadata.get("license")
+        if value == "other":
+            # The Hub's spelling for a custom licence: its name is in license_name.
+            value = metadata.get("license_name") or value
+    if value is None and fallback is not None:
+        return licence_from_id(fallback)
     if not isinstance(value, str) or not value.strip():
-        raise Refused(card, "license", value, "front matter must name the licence as a string",
+        raise Refused(card, "license", value, "the model card's front matter must name the licence",
                       "pass --licence ID if the licence is known from elsewhere")
-    return licence_from_id(value)
+    licence = licence_from_id(value)
+    if fallback is not None and licence_from_id(fallback).spdx != licence.spdx:
+        raise UsageError(f"--licence {fallback} contradicts {card} (license: {value}); drop --licence")
+    return licence

@@ -268,9 +268,10 @@ def read_mask_embedding(path, hidden_size):
         if data_records != {f"data/{storage.key}"}:
             raise Refused(path, "tensor data records", sorted(data_records),
                           f"must be exactly data/{storage.key}, the embedding's own", _CONVERT)
-        data = archive.read(records[f"data/{storage.key}"])
-        if len(data) != storage.numel * storage.itemsize:
-            raise Refused(path, f"data/{storage.key} size", len(data),
+        record = records[f"data/{storage.key}"]
+        if record.file_size != storage.numel * storage.itemsize:  # checked before reading a byte of it
+            raise Refused(path, f"data/{storage.key} size", record.file_size,
                           f"must be {storage.numel * storage.itemsize} bytes ({storage.numel} x {storage.dtype})",
                           _CONVERT)
+        data = archive.read(record)
     return MaskEmbedding(dtype=storage.dtype, data=data, mask_token_id=mask_token_id)

@@ -14,7 +14,7 @@ from .output_dir import write_out
 from .snapshot import identify
 from .weights import check_mask_row, weight_files
 
-DEFAULT_WINDOW = 2048  # the window incoai's drafter was trained with (REFERENCE.md)
+DEFAULT_WINDOW = 2048  # the window incoai's sliding drafter is published with (REFERENCE.md)
 MASK_FILE = "mask_embedding.pt"
 DERIVED_FILES = ("config.json", MASK_FILE)
 
@@ -51,7 +51,7 @@ def prepare(snapshot_dir, out, window=None, name=None, revision=None, licence_id
 
     licence = read_licence(snapshot_dir, licence_id)
     published = catalog.by_repo_id(identity.name)
-    if published and licence_id is None and licence.spdx != published.licence:
+    if published and licence.spdx != published.licence:
         raise Refused(snapshot_dir / "README.md", "license", licence.spdx,
                       f"{published.repo_id} is published under {published.licence_name}",
                       "check that this snapshot is the published drafter")

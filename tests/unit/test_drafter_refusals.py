@@ -77,6 +77,13 @@ def test_missing_licence_is_refused_unless_given(tmp_path, capsys):
     assert main([str(snapshot), "--out", str(tmp_path / "served"), "--licence", "cc-by-nc-nd-4.0"]) == 0
 
 
+def test_licence_option_cannot_contradict_the_card(tmp_path, capsys):
+    snapshot = make_incoai(tmp_path)
+    assert main([str(snapshot), "--out", str(tmp_path / "served"), "--licence", "apache-2.0"]) == 2
+    assert "--licence apache-2.0 contradicts" in capsys.readouterr().err
+    assert not (tmp_path / "served").exists()
+
+
 def test_a_published_drafter_under_another_licence_is_refused(tmp_path, capsys):
     snapshot = make_incoai(tmp_path)
     (snapshot / "README.md").write_text("---\nlicense: apache-2.0\n---\n")
