@@ -17,17 +17,33 @@ def _parser():
         description="Validate a DFlash2 drafter snapshot and write the directory vLLM serves.",
         epilog="exit codes: 0 prepared, 1 I/O error, 2 usage error, 3 snapshot refused",
     )
-    parser.add_argument("snapshot_dir", nargs="?", metavar="SNAPSHOT_DIR",
-                        help="the downloaded drafter (a Hugging Face cache snapshot or a local directory)")
-    parser.add_argument("--out", metavar="DIR", help="new directory (or a previous output of this tool) to write")
-    parser.add_argument("--window", type=int, metavar="TOKENS",
-                        help=f"window for full-attention layers (default {DEFAULT_WINDOW}); "
-                             "sliding drafters keep their own")
-    parser.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
+    parser.add_argument(
+        "snapshot_dir",
+        nargs="?",
+        metavar="SNAPSHOT_DIR",
+        help="the downloaded drafter (a Hugging Face cache snapshot or a local directory)",
+    )
+    parser.add_argument(
+        "--out", metavar="DIR", help="new directory (or a previous output of this tool) to write"
+    )
+    parser.add_argument(
+        "--window",
+        type=int,
+        metavar="TOKENS",
+        help=f"window for full-attention layers (default {DEFAULT_WINDOW}); "
+        "sliding drafters keep their own",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print exactly one JSON object on stdout"
+    )
     parser.add_argument("--name", help="repo id to report when the path does not carry one")
     parser.add_argument("--revision", help="commit to record when the path does not carry one")
-    parser.add_argument("--licence", metavar="ID", help="licence id to use when the model card names none")
-    parser.add_argument("--catalog", action="store_true", help="print the published drafters as JSON and exit")
+    parser.add_argument(
+        "--licence", metavar="ID", help="licence id to use when the model card names none"
+    )
+    parser.add_argument(
+        "--catalog", action="store_true", help="print the published drafters as JSON and exit"
+    )
     return parser
 
 
@@ -40,8 +56,14 @@ def main(argv=None):
     if not args.snapshot_dir or not args.out:
         parser.error("SNAPSHOT_DIR and --out DIR are required")
     try:
-        summary = prepare(args.snapshot_dir, args.out, window=args.window, name=args.name,
-                          revision=args.revision, licence_id=args.licence)
+        summary = prepare(
+            args.snapshot_dir,
+            args.out,
+            window=args.window,
+            name=args.name,
+            revision=args.revision,
+            licence_id=args.licence,
+        )
     except Refused as refusal:
         print(f"prepare-drafter: refused: {refusal}", file=sys.stderr)
         return EXIT_REFUSED
@@ -49,7 +71,9 @@ def main(argv=None):
         print(f"prepare-drafter: {error}", file=sys.stderr)
         return EXIT_USAGE
     except OSError as error:
-        print(f"prepare-drafter: {error.filename or ''}: {error.strerror or error}", file=sys.stderr)
+        print(
+            f"prepare-drafter: {error.filename or ''}: {error.strerror or error}", file=sys.stderr
+        )
         return EXIT_IO
     for note in summary["notes"]:
         print(f"prepare-drafter: note: {note}", file=sys.stderr)

@@ -7,6 +7,7 @@ dflash_config, attention from layer_types, use_swa, swa_window_size, sliding_win
 causal (see REFERENCE.md, "DFlash drafter config as vLLM reads it").
 """
 
+import itertools
 import json
 from dataclasses import dataclass
 
@@ -39,8 +40,13 @@ def _is_int(value):
 def _positive_int(file, mapping, key, prefix):
     value = mapping.get(key)
     if not _is_int(value) or value < 1:
-        raise Refused(file, prefix + key, value, "must be a positive integer",
-                      "this is not a DFlash2 drafter config vLLM can build")
+        raise Refused(
+            file,
+            prefix + key,
+            value,
+            "must be a positive integer",
+            "this is not a DFlash2 drafter config vLLM can build",
+        )
     return value
 
 
@@ -49,14 +55,25 @@ def load_config(path):
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise Refused(path, "config.json", "missing", "a drafter snapshot has a config.json",
-                      "point at the snapshot directory itself") from None
+        raise Refused(
+            path,
+            "config.json",
+            "missing",
+            "a drafter snapshot has a config.json",
+            "point at the snapshot directory itself",
+        ) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise Refused(path, "config.json", str(error), "must be valid JSON",
-                      "re-download the snapshot") from None
+        raise Refused(
+            path, "config.json", str(error), "must be valid JSON", "re-download the snapshot"
+        ) from None
     if not isinstance(raw, dict):
-        raise Refused(path, "config.json", type(raw).__name__, "must be a JSON object",
-                      "re-download the snapshot")
+        raise Refused(
+            path,
+            "config.json",
+            type(raw).__name__,
+            "must be a JSON object",
+            "re-download the snapshot",
+        )
     return raw
 
 
@@ -84,71 +101,129 @@ def read_shape(path, raw):
     """Bound every field vLLM needs and return the drafter's shape; refuse past any bound."""
     architectures = raw.get("architectures")
     if architectures != [ARCHITECTURE]:
-        raise Refused(path, "architectures", architectures, f"must be [{ARCHITECTURE!r}]",
-                      "use a DFlash2 drafter snapshot")
+        raise Refused(
+            path,
+            "architectures",
+            architectures,
+            f"must be [{ARCHITECTURE!r}]",
+            "use a DFlash2 drafter snapshot",
+        )
     dflash = raw.get("dflash_config")
     if not isinstance(dflash, dict):
-        raise Refused(path, "dflash_config", dflash, "must be an object",
-                      "use a DFlash2 drafter snapshot")
+        raise Refused(
+            path, "dflash_config", dflash, "must be an object", "use a DFlash2 drafter snapshot"
+        )
 
     layers = raw.get("num_hidden_layers")
     if not _is_int(layers) or not 1 <= layers <= MAX_LAYERS:
-        raise Refused(path, "num_hidden_layers", layers, f"must be 1 to {MAX_LAYERS}",
-                      "this drafter is outside what the recipe serves")
+        raise Refused(
+            path,
+            "num_hidden_layers",
+            layers,
+            f"must be 1 to {MAX_LAYERS}",
+            "this drafter is outside what the recipe serves",
+        )
     hidden_size = _positive_int(path, raw, "hidden_size", "")
     vocab_size = _positive_int(path, raw, "vocab_size", "")
 
     taps = dflash.get("target_layer_ids")
     if not isinstance(taps, list) or not all(_is_int(tap) for tap in taps):
-        raise Refused(path, "dflash_config.target_layer_ids", taps, "must be a list of integers",
-                      "the drafter must name the target layers it reads")
+        raise Refused(
+            path,
+            "dflash_config.target_layer_ids",
+            taps,
+            "must be a list of integers",
+            "the drafter must name the target layers it reads",
+        )
     if not 1 <= len(taps) <= MAX_TAPS:
-        raise Refused(path, "dflash_config.target_layer_ids", taps,
-                      f"must hold 1 to {MAX_TAPS} taps, has {len(taps)}",
-                      "this drafter is outside what the recipe serves")
-    if any(later <= earlier for earlier, later in zip(taps, taps[1:])):
-        raise Refused(path, "dflash_config.target_layer_ids", taps, "must be strictly increasing",
-                      "the drafter's taps are malformed; re-download or fix the config")
+        raise Refused(
+            path,
+            "dflash_config.target_layer_ids",
+            taps,
+            f"must hold 1 to {MAX_TAPS} taps, has {len(taps)}",
+            "this drafter is outside what the recipe serves",
+        )
+    if any(later <= earlier for earlier, later in itertools.pairwise(taps)):
+        raise Refused(
+            path,
+            "dflash_config.target_layer_ids",
+            taps,
+            "must be strictly increasing",
+            "the drafter's taps are malformed; re-download or fix the config",
+        )
     outside = [tap for tap in taps if not 0 <= tap < TARGET_LAYERS]
     if outside:
-        raise Refused(path, "dflash_config.target_layer_ids", taps,
-                      f"tap {outside[0]} is outside the target's layers 0 to {TARGET_LAYERS - 1}",
-                      "this drafter was not trained for GLM-5.3-Flash")
+        raise Refused(
+            path,
+            "dflash_config.target_layer_ids",
+            taps,
+            f"tap {outside[0]} is outside the target's layers 0 to {TARGET_LAYERS - 1}",
+            "this drafter was not trained for GLM-5.3-Flash",
+        )
 
     mask_field = "dflash_config.mask_token_id"
     mask_token_id = dflash.get("mask_token_id")
     if mask_token_id is None:
         mask_field, mask_token_id = "mask_token_id", raw.get("mask_token_id")
     if not _is_int(mask_token_id) or not 0 <= mask_token_id < vocab_size:
-        raise Refused(path, mask_field, mask_token_id, f"must be a token id in 0 to {vocab_size - 1}",
-                      "the drafter must name its mask token inside its vocabulary")
+        raise Refused(
+            path,
+            mask_field,
+            mask_token_id,
+            f"must be a token id in 0 to {vocab_size - 1}",
+            "the drafter must name its mask token inside its vocabulary",
+        )
 
     for key in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"):
         _positive_int(path, dflash, key, "dflash_config.")
     if hidden_size % dflash["conv_group_size"]:
-        raise Refused(path, "dflash_config.conv_group_size", dflash["conv_group_size"],
-                      f"must divide hidden_size {hidden_size}", "the drafter config is inconsistent")
+        raise Refused(
+            path,
+            "dflash_config.conv_group_size",
+            dflash["conv_group_size"],
+            f"must divide hidden_size {hidden_size}",
+            "the drafter config is inconsistent",
+        )
 
     layer_types = raw.get("layer_types")
     if not isinstance(layer_types, list) or len(layer_types) != layers:
-        raise Refused(path, "layer_types", layer_types, f"must list the attention of all {layers} layers",
-                      "the drafter config must say which layers are sliding")
+        raise Refused(
+            path,
+            "layer_types",
+            layer_types,
+            f"must list the attention of all {layers} layers",
+            "the drafter config must say which layers are sliding",
+        )
     kinds = set(map(str, layer_types))
     if not kinds <= {SLIDING, FULL}:
-        raise Refused(path, "layer_types", sorted(kinds), f"must be {SLIDING!r} or {FULL!r}",
-                      "this drafter is outside what the recipe serves")
+        raise Refused(
+            path,
+            "layer_types",
+            sorted(kinds),
+            f"must be {SLIDING!r} or {FULL!r}",
+            "this drafter is outside what the recipe serves",
+        )
     if len(kinds) != 1:
-        raise Refused(path, "layer_types", layer_types, "must be all sliding or all full attention",
-                      "mixed drafters are outside what the recipe serves")
+        raise Refused(
+            path,
+            "layer_types",
+            layer_types,
+            "must be all sliding or all full attention",
+            "mixed drafters are outside what the recipe serves",
+        )
     layer_kind = kinds.pop()
 
     window = None
     if layer_kind == SLIDING or dflash.get("use_swa"):
         window, window_field = _window_vllm_sees(raw, dflash)
         if not _is_int(window) or window < 1:
-            raise Refused(path, window_field, window,
-                          "sliding layers need a positive window vLLM can read",
-                          "set dflash_config.swa_window_size (or sliding_window with use_sliding_window)")
+            raise Refused(
+                path,
+                window_field,
+                window,
+                "sliding layers need a positive window vLLM can read",
+                "set dflash_config.swa_window_size (or sliding_window with use_sliding_window)",
+            )
 
     return DrafterShape(
         layers=layers,
@@ -166,8 +241,9 @@ def served_config(raw, shape, window, provenance):
     """The config vLLM is given: full-attention layers are served as sliding windows of `window`.
 
     Causality is left as the drafter states it (full-attention layers resolve non-causal in
-    vLLM unless the config says otherwise). Sliding drafters keep every field they had. `provenance` (source, revision) is recorded
-    under a key of our own, which vLLM's config loader carries along and never reads.
+    vLLM unless the config says otherwise). Sliding drafters keep every field they had.
+    `provenance` (source, revision) is recorded under a key of our own, which vLLM's
+    config loader carries along and never reads.
     """
     derived = json.loads(json.dumps(raw))
     if shape.window is None:
@@ -176,4 +252,3 @@ def served_config(raw, shape, window, provenance):
         dflash["swa_window_size"] = window
     derived["recipekit_prepared"] = dict(provenance)
     return derived
-

@@ -64,8 +64,13 @@ def read_licence(snapshot_dir, fallback=None):
             metadata = metadata_load(card) or {}
         except (yaml.YAMLError, ValueError, UnicodeDecodeError) as error:
             first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
-            raise Refused(card, "front matter", first_line, "must be a YAML mapping",
-                          "fix the card or pass --licence ID") from None
+            raise Refused(
+                card,
+                "front matter",
+                first_line,
+                "must be a YAML mapping",
+                "fix the card or pass --licence ID",
+            ) from None
         value = metadata.get("license")
         if value == "other":
             # The Hub's spelling for a custom licence: its name is in license_name.
@@ -73,9 +78,16 @@ def read_licence(snapshot_dir, fallback=None):
     if value is None and fallback is not None:
         return licence_from_id(fallback)
     if not isinstance(value, str) or not value.strip():
-        raise Refused(card, "license", value, "the model card's front matter must name the licence",
-                      "pass --licence ID if the licence is known from elsewhere")
+        raise Refused(
+            card,
+            "license",
+            value,
+            "the model card's front matter must name the licence",
+            "pass --licence ID if the licence is known from elsewhere",
+        )
     licence = licence_from_id(value)
     if fallback is not None and licence_from_id(fallback).spdx != licence.spdx:
-        raise UsageError(f"--licence {fallback} contradicts {card} (license: {value}); drop --licence")
+        raise UsageError(
+            f"--licence {fallback} contradicts {card} (license: {value}); drop --licence"
+        )
     return licence

@@ -11,9 +11,19 @@ def write_mask_embedding(path, mask, mask_token_id, source_revision):
     try:
         import torch
     except ImportError:
-        raise UsageError("writing mask_embedding.pt needs torch: run prepare-drafter where torch "
-                         "is installed (the serving image has it)") from None
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[mask.dtype]
+        raise UsageError(
+            "writing mask_embedding.pt needs torch: run prepare-drafter where torch "
+            "is installed (the serving image has it)"
+        ) from None
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[
+        mask.dtype
+    ]
     embedding = torch.frombuffer(bytearray(mask.data), dtype=dtype).clone()
-    torch.save({"embedding": embedding, "mask_token_id": mask_token_id,
-                "source_revision": source_revision}, path)
+    torch.save(
+        {
+            "embedding": embedding,
+            "mask_token_id": mask_token_id,
+            "source_revision": source_revision,
+        },
+        path,
+    )

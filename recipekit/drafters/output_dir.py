@@ -23,21 +23,29 @@ def check_out(out, snapshot_dir):
     """Refuse an --out that overlaps the snapshot or holds anything this tool did not write."""
     out_real, snapshot_real = out.resolve(), snapshot_dir.resolve()
     if _inside(out_real, snapshot_real) or _inside(snapshot_real, out_real):
-        raise UsageError(f"--out {out} overlaps the snapshot {snapshot_dir}; choose a directory outside it")
+        raise UsageError(
+            f"--out {out} overlaps the snapshot {snapshot_dir}; choose a directory outside it"
+        )
     if not os.path.lexists(out):
         return
     marker = out / MARKER
     if out.is_symlink() or not out.is_dir() or not marker.is_file():
-        raise UsageError(f"--out {out} exists and is not a previous prepare-drafter output; "
-                         "choose a new directory or remove it yourself")
+        raise UsageError(
+            f"--out {out} exists and is not a previous prepare-drafter output; "
+            "choose a new directory or remove it yourself"
+        )
     try:
         written = set(json.loads(marker.read_text(encoding="utf-8"))["entries"])
     except (ValueError, KeyError, TypeError):
-        raise UsageError(f"{marker} is unreadable; remove {out} yourself or choose a new directory") from None
+        raise UsageError(
+            f"{marker} is unreadable; remove {out} yourself or choose a new directory"
+        ) from None
     foreign = sorted(set(os.listdir(out)) - written - {MARKER})
     if foreign:
-        raise UsageError(f"--out {out} holds {foreign[0]}, which prepare-drafter did not write; "
-                         "move it away or choose a new directory")
+        raise UsageError(
+            f"--out {out} holds {foreign[0]}, which prepare-drafter did not write; "
+            "move it away or choose a new directory"
+        )
 
 
 def write_out(out, snapshot_dir, build, summary):
@@ -47,9 +55,12 @@ def write_out(out, snapshot_dir, build, summary):
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.new-"))
     try:
         entries = sorted(build(tmp))
-        (tmp / MARKER).write_text(json.dumps({"entries": entries, "summary": summary}, indent=2) + "\n",
-                                  encoding="utf-8")
-        os.chmod(tmp, 0o755)  # mkdtemp makes it private; the serving container reads it as another user
+        (tmp / MARKER).write_text(
+            json.dumps({"entries": entries, "summary": summary}, indent=2) + "\n", encoding="utf-8"
+        )
+        os.chmod(
+            tmp, 0o755
+        )  # mkdtemp makes it private; the serving container reads it as another user
         if os.path.lexists(out):
             old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old-"))
             os.rename(out, old / "previous")

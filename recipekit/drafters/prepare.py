@@ -32,7 +32,9 @@ def startup_phrase(name, licence, shape, window):
     if shape.layer_kind == SLIDING:
         layers = f"{_plural(shape.layers, 'sliding layer')}, window {window}"
     else:
-        layers = f"{_plural(shape.layers, 'full-attention layer')} served at a {window}-token window"
+        layers = (
+            f"{_plural(shape.layers, 'full-attention layer')} served at a {window}-token window"
+        )
     return f"{name} ({terms}), {layers}"
 
 
@@ -52,18 +54,26 @@ def prepare(snapshot_dir, out, window=None, name=None, revision=None, licence_id
     licence = read_licence(snapshot_dir, licence_id)
     published = catalog.by_repo_id(identity.name)
     if published and licence.spdx != published.licence:
-        raise Refused(snapshot_dir / "README.md", "license", licence.spdx,
-                      f"{published.repo_id} is published under {published.licence_name}",
-                      "check that this snapshot is the published drafter")
+        raise Refused(
+            snapshot_dir / "README.md",
+            "license",
+            licence.spdx,
+            f"{published.repo_id} is published under {published.licence_name}",
+            "check that this snapshot is the published drafter",
+        )
 
     weights = weight_files(snapshot_dir)
     mask = None
     if (snapshot_dir / MASK_FILE).exists():
         mask = read_mask_embedding(snapshot_dir / MASK_FILE, shape.hidden_size)
         if mask.mask_token_id is not None and mask.mask_token_id != shape.mask_token_id:
-            raise Refused(snapshot_dir / MASK_FILE, "mask_token_id", mask.mask_token_id,
-                          f"must equal config.json's mask token {shape.mask_token_id}",
-                          "the mask file belongs to another drafter")
+            raise Refused(
+                snapshot_dir / MASK_FILE,
+                "mask_token_id",
+                mask.mask_token_id,
+                f"must equal config.json's mask token {shape.mask_token_id}",
+                "the mask file belongs to another drafter",
+            )
     else:
         check_mask_row(weights, shape.mask_token_id, shape.hidden_size)
 
@@ -71,19 +81,26 @@ def prepare(snapshot_dir, out, window=None, name=None, revision=None, licence_id
     if shape.window is not None:
         if window is not None and window != shape.window:
             # --window is the window for full-attention layers; this drafter has none.
-            notes.append(f"--window {window} applies to full-attention layers only; "
-                         f"{identity.name} keeps the window its config gives, {shape.window}")
+            notes.append(
+                f"--window {window} applies to full-attention layers only; "
+                f"{identity.name} keeps the window its config gives, {shape.window}"
+            )
         served_window = shape.window
     else:
         served_window = window if window is not None else DEFAULT_WINDOW
 
-    derived = served_config(raw, shape, served_window, {
-        "tool": "scripts/prepare-drafter",
-        "source": str(snapshot_dir),
-        "source_name": identity.name,
-        "source_revision": identity.revision,
-        "window": served_window,
-    })
+    derived = served_config(
+        raw,
+        shape,
+        served_window,
+        {
+            "tool": "scripts/prepare-drafter",
+            "source": str(snapshot_dir),
+            "source_name": identity.name,
+            "source_revision": identity.revision,
+            "window": served_window,
+        },
+    )
     summary = {
         "drafter": identity.name,
         "licence": licence.spdx,

@@ -1,7 +1,6 @@
 """The drafter's safetensors, read by header only: present, and holding the mask row when needed."""
 
-from safetensors import safe_open
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 
 from .errors import Refused
 
@@ -9,8 +8,13 @@ from .errors import Refused
 def weight_files(snapshot_dir):
     files = sorted(snapshot_dir.glob("*.safetensors"))
     if not files:
-        raise Refused(snapshot_dir, "*.safetensors", "none", "a drafter snapshot holds its weights as safetensors",
-                      "download the complete snapshot")
+        raise Refused(
+            snapshot_dir,
+            "*.safetensors",
+            "none",
+            "a drafter snapshot holds its weights as safetensors",
+            "download the complete snapshot",
+        )
     return files
 
 
@@ -19,17 +23,30 @@ def check_mask_row(files, mask_token_id, hidden_size):
     for file in files:
         try:
             with safe_open(file, framework="numpy") as weights:
-                for name in weights.keys():
+                for name in weights.keys():  # noqa: SIM118 (safe_open is not a dict)
                     if name.endswith("embed_tokens.weight"):
                         shape = weights.get_slice(name).get_shape()
                         if len(shape) == 2 and shape[1] == hidden_size and shape[0] > mask_token_id:
                             return
-                        raise Refused(file, name, list(shape),
-                                      f"must be [rows > {mask_token_id}, {hidden_size}] to hold the mask token's row",
-                                      "the drafter needs a mask_embedding.pt or a full embedding table")
+                        raise Refused(
+                            file,
+                            name,
+                            list(shape),
+                            f"must be [rows > {mask_token_id}, {hidden_size}] to hold the mask token's row",
+                            "the drafter needs a mask_embedding.pt or a full embedding table",
+                        )
         except SafetensorError as error:
-            raise Refused(file, "safetensors header", str(error).splitlines()[0], "must be readable",
-                          "re-download the snapshot") from None
-    raise Refused(files[0].parent, "embed_tokens.weight", "absent",
-                  "without mask_embedding.pt the mask row must be in the safetensors",
-                  "use a snapshot that ships one of the two")
+            raise Refused(
+                file,
+                "safetensors header",
+                str(error).splitlines()[0],
+                "must be readable",
+                "re-download the snapshot",
+            ) from None
+    raise Refused(
+        files[0].parent,
+        "embed_tokens.weight",
+        "absent",
+        "without mask_embedding.pt the mask row must be in the safetensors",
+        "use a snapshot that ships one of the two",
+    )

@@ -12,7 +12,14 @@ import torch
 from recipekit.drafters import catalog
 from recipekit.drafters.cli import main
 from tests.unit.test_drafter_synthetic import (
-    G_COMMIT, G_TAPS, INCOAI_COMMIT, INCOAI_TAPS, MASK_TOKEN_ID, make_dflash2_g, make_incoai, mask_vector,
+    G_COMMIT,
+    G_TAPS,
+    INCOAI_COMMIT,
+    INCOAI_TAPS,
+    MASK_TOKEN_ID,
+    make_dflash2_g,
+    make_incoai,
+    mask_vector,
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -35,8 +42,11 @@ def tree_state(root):
     """Every path under root with its bytes (or link target), to prove nothing changed."""
     state = {}
     for path in sorted(root.rglob("*")):
-        state[str(path.relative_to(root))] = os.readlink(path) if path.is_symlink() else (
-            path.read_bytes() if path.is_file() else "dir")
+        state[str(path.relative_to(root))] = (
+            os.readlink(path)
+            if path.is_symlink()
+            else (path.read_bytes() if path.is_file() else "dir")
+        )
     return state
 
 
@@ -90,15 +100,38 @@ def test_dflash2_g_shape_is_served_at_a_2048_window(tmp_path, capsys):
     assert derived["dflash_config"]["swa_window_size"] == 2048
     assert derived["layer_types"] == ["full_attention"] * 8  # the drafter's own description is kept
     assert derived["recipekit_prepared"]["source_revision"] == G_COMMIT
-    assert {key: summary[key] for key in ("licence", "non_commercial", "layers", "full_attention_layers",
-                                          "sliding_layers", "taps", "window", "window_added", "causal",
-                                          "mask_source", "revision")} == {
-        "licence": "Apache-2.0", "non_commercial": False, "layers": 8, "full_attention_layers": 8,
-        "sliding_layers": 0, "taps": G_TAPS, "window": 2048, "window_added": True, "causal": False,
-        "mask_source": "mask_embedding.pt", "revision": G_COMMIT,
+    assert {
+        key: summary[key]
+        for key in (
+            "licence",
+            "non_commercial",
+            "layers",
+            "full_attention_layers",
+            "sliding_layers",
+            "taps",
+            "window",
+            "window_added",
+            "causal",
+            "mask_source",
+            "revision",
+        )
+    } == {
+        "licence": "Apache-2.0",
+        "non_commercial": False,
+        "layers": 8,
+        "full_attention_layers": 8,
+        "sliding_layers": 0,
+        "taps": G_TAPS,
+        "window": 2048,
+        "window_added": True,
+        "causal": False,
+        "mask_source": "mask_embedding.pt",
+        "revision": G_COMMIT,
     }
-    assert summary["startup"] == ("canada-quant/GLM-5.3-Flash-DFlash2-G (Apache-2.0), "
-                                  "8 full-attention layers served at a 2048-token window")
+    assert summary["startup"] == (
+        "canada-quant/GLM-5.3-Flash-DFlash2-G (Apache-2.0), "
+        "8 full-attention layers served at a 2048-token window"
+    )
     assert os.readlink(out / "model.safetensors") == str(snapshot / "model.safetensors")
     assert tree_state(snapshot) == before
 
@@ -129,18 +162,29 @@ def test_window_option_sets_the_served_window(tmp_path, capsys):
     snapshot = make_dflash2_g(tmp_path)
     summary = prepared(capsys, snapshot, tmp_path / "served", "--window", "1024")
     assert summary["window"] == 1024
-    assert json.loads((tmp_path / "served" / "config.json").read_text())["dflash_config"]["swa_window_size"] == 1024
+    assert (
+        json.loads((tmp_path / "served" / "config.json").read_text())["dflash_config"][
+            "swa_window_size"
+        ]
+        == 1024
+    )
     assert summary["startup"].endswith("8 full-attention layers served at a 1024-token window")
 
 
 def test_window_option_leaves_a_sliding_drafter_at_its_own_window_and_says_so(tmp_path, capsys):
     snapshot = make_incoai(tmp_path)
-    code, stdout, stderr = run(capsys, snapshot, "--out", tmp_path / "served", "--window", "4096", "--json")
+    code, stdout, stderr = run(
+        capsys, snapshot, "--out", tmp_path / "served", "--window", "4096", "--json"
+    )
     assert code == 0
     summary = json.loads(stdout)
     assert summary["window"] == 2048 and summary["window_added"] is False
-    assert summary["notes"] == ["--window 4096 applies to full-attention layers only; "
-                                "incoai/GLM-5.3-Flash-DFlash2 keeps the window its config gives, 2048"]
+    assert summary["notes"] == [
+        (
+            "--window 4096 applies to full-attention layers only; "
+            "incoai/GLM-5.3-Flash-DFlash2 keeps the window its config gives, 2048"
+        )
+    ]
     assert stderr == f"prepare-drafter: note: {summary['notes'][0]}\n"
     derived = json.loads((tmp_path / "served" / "config.json").read_text())
     del derived["recipekit_prepared"]
@@ -150,12 +194,26 @@ def test_window_option_leaves_a_sliding_drafter_at_its_own_window_and_says_so(tm
 def test_revision_comes_from_the_option_or_is_unknown(tmp_path, capsys):
     plain = tmp_path / "plain-drafter"
     make_incoai(tmp_path).rename(plain)
-    summary = prepared(capsys, plain, tmp_path / "a", "--revision", "abc123", "--name", "incoai/GLM-5.3-Flash-DFlash2")
+    summary = prepared(
+        capsys,
+        plain,
+        tmp_path / "a",
+        "--revision",
+        "abc123",
+        "--name",
+        "incoai/GLM-5.3-Flash-DFlash2",
+    )
     assert (summary["drafter"], summary["revision"], summary["revision_source"]) == (
-        "incoai/GLM-5.3-Flash-DFlash2", "abc123", "option")
+        "incoai/GLM-5.3-Flash-DFlash2",
+        "abc123",
+        "option",
+    )
     summary = prepared(capsys, plain, tmp_path / "b")
     assert (summary["drafter"], summary["revision"], summary["revision_source"]) == (
-        "plain-drafter", "unknown", "unknown")
+        "plain-drafter",
+        "unknown",
+        "unknown",
+    )
 
 
 def test_revision_option_contradicting_the_cache_path_is_a_usage_error(tmp_path, capsys):
@@ -171,7 +229,9 @@ def test_rerun_replaces_a_previous_output(tmp_path, capsys):
     summary = prepared(capsys, snapshot, out, "--window", "512")
     assert summary["window"] == 512
     assert json.loads((out / "config.json").read_text())["dflash_config"]["swa_window_size"] == 512
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporaries left
+    assert [
+        p.name for p in tmp_path.iterdir() if p.name.startswith(".")
+    ] == []  # no temporaries left
 
 
 def test_out_holding_a_users_file_is_refused_and_the_file_kept(tmp_path, capsys):
@@ -206,10 +266,20 @@ def test_catalog_names_both_published_drafters_without_invented_revisions():
 
 def test_the_script_prints_exactly_one_json_object(tmp_path):
     snapshot = make_dflash2_g(tmp_path)
-    result = subprocess.run([str(REPO_ROOT / "scripts" / "prepare-drafter"), str(snapshot),
-                             "--out", str(tmp_path / "served"), "--json"],
-                            capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+    result = subprocess.run(
+        [
+            str(REPO_ROOT / "scripts" / "prepare-drafter"),
+            str(snapshot),
+            "--out",
+            str(tmp_path / "served"),
+            "--json",
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"},
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("\n") == 1
     assert json.loads(result.stdout)["out"] == str(tmp_path / "served")

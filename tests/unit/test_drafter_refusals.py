@@ -9,7 +9,13 @@ import torch
 
 from recipekit.drafters.cli import main
 from tests.unit.test_drafter_synthetic import (
-    HIDDEN, MASK_TOKEN_ID, VOCAB, make_dflash2_g, make_incoai, mask_vector, rewrite_zip,
+    HIDDEN,
+    MASK_TOKEN_ID,
+    VOCAB,
+    make_dflash2_g,
+    make_incoai,
+    mask_vector,
+    rewrite_zip,
 )
 
 
@@ -27,41 +33,91 @@ def refused(capsys, snapshot, tmp_path, *extra):
 
 def dflash(**fields):
     return dict(
-        target_layer_ids=[5, 14, 24, 33, 42], mask_token_id=MASK_TOKEN_ID, block_size=8,
-        conv_kernel_size=2, conv_group_size=16, selector_rank=8, selector_top_k=4, **fields)
+        target_layer_ids=[5, 14, 24, 33, 42],
+        mask_token_id=MASK_TOKEN_ID,
+        block_size=8,
+        conv_kernel_size=2,
+        conv_group_size=16,
+        selector_rank=8,
+        selector_top_k=4,
+        **fields,
+    )
 
 
-@pytest.mark.parametrize("edits, expected", [
-    ({"dflash_config": dflash() | {"target_layer_ids": [5, 14, 24, 33, 45]}},
-     ["dflash_config.target_layer_ids", "[5, 14, 24, 33, 45]", "tap 45 is outside the target's layers 0 to 44"]),
-    ({"dflash_config": dflash() | {"target_layer_ids": [-1, 14, 24]}},
-     ["dflash_config.target_layer_ids", "tap -1 is outside"]),
-    ({"dflash_config": dflash() | {"target_layer_ids": [5, 24, 14, 33, 42]}},
-     ["dflash_config.target_layer_ids", "[5, 24, 14, 33, 42]", "must be strictly increasing"]),
-    ({"dflash_config": dflash() | {"target_layer_ids": [5, 5, 14]}},
-     ["dflash_config.target_layer_ids", "must be strictly increasing"]),
-    ({"dflash_config": dflash() | {"target_layer_ids": list(range(17))}},
-     ["dflash_config.target_layer_ids", "must hold 1 to 16 taps, has 17"]),
-    ({"num_hidden_layers": 17, "layer_types": ["sliding_attention"] * 17},
-     ["num_hidden_layers = 17", "must be 1 to 16"]),
-    ({"num_hidden_layers": 0, "layer_types": []}, ["num_hidden_layers = 0", "must be 1 to 16"]),
-    ({"architectures": ["DFlashDraftModel"]}, ["architectures", "DFlashDraftModel", "must be ['DFlash2DraftModel']"]),
-    ({"dflash_config": dflash() | {"mask_token_id": VOCAB}},
-     [f"dflash_config.mask_token_id = {VOCAB}", f"must be a token id in 0 to {VOCAB - 1}"]),
-    ({"dflash_config": {k: v for k, v in dflash().items() if k != "mask_token_id"}},
-     ["mask_token_id = None", "must be a token id"]),
-    ({"dflash_config": {k: v for k, v in dflash().items() if k != "conv_kernel_size"}},
-     ["dflash_config.conv_kernel_size = None", "must be a positive integer"]),
-    ({"dflash_config": {k: v for k, v in dflash().items() if k != "selector_top_k"}},
-     ["dflash_config.selector_top_k = None", "must be a positive integer"]),
-    ({"dflash_config": dflash() | {"conv_group_size": 24}},
-     ["dflash_config.conv_group_size = 24", f"must divide hidden_size {HIDDEN}"]),
-    ({"layer_types": ["sliding_attention"] * 4 + ["full_attention"]},
-     ["layer_types", "must be all sliding or all full attention"]),
-    ({"layer_types": None}, ["layer_types = None", "must list the attention of all 5 layers"]),
-    ({"use_sliding_window": False},
-     ["sliding_window (use_sliding_window is not true) = None", "sliding layers need a positive window"]),
-])
+@pytest.mark.parametrize(
+    "edits, expected",
+    [
+        (
+            {"dflash_config": dflash() | {"target_layer_ids": [5, 14, 24, 33, 45]}},
+            [
+                "dflash_config.target_layer_ids",
+                "[5, 14, 24, 33, 45]",
+                "tap 45 is outside the target's layers 0 to 44",
+            ],
+        ),
+        (
+            {"dflash_config": dflash() | {"target_layer_ids": [-1, 14, 24]}},
+            ["dflash_config.target_layer_ids", "tap -1 is outside"],
+        ),
+        (
+            {"dflash_config": dflash() | {"target_layer_ids": [5, 24, 14, 33, 42]}},
+            [
+                "dflash_config.target_layer_ids",
+                "[5, 24, 14, 33, 42]",
+                "must be strictly increasing",
+            ],
+        ),
+        (
+            {"dflash_config": dflash() | {"target_layer_ids": [5, 5, 14]}},
+            ["dflash_config.target_layer_ids", "must be strictly increasing"],
+        ),
+        (
+            {"dflash_config": dflash() | {"target_layer_ids": list(range(17))}},
+            ["dflash_config.target_layer_ids", "must hold 1 to 16 taps, has 17"],
+        ),
+        (
+            {"num_hidden_layers": 17, "layer_types": ["sliding_attention"] * 17},
+            ["num_hidden_layers = 17", "must be 1 to 16"],
+        ),
+        ({"num_hidden_layers": 0, "layer_types": []}, ["num_hidden_layers = 0", "must be 1 to 16"]),
+        (
+            {"architectures": ["DFlashDraftModel"]},
+            ["architectures", "DFlashDraftModel", "must be ['DFlash2DraftModel']"],
+        ),
+        (
+            {"dflash_config": dflash() | {"mask_token_id": VOCAB}},
+            [f"dflash_config.mask_token_id = {VOCAB}", f"must be a token id in 0 to {VOCAB - 1}"],
+        ),
+        (
+            {"dflash_config": {k: v for k, v in dflash().items() if k != "mask_token_id"}},
+            ["mask_token_id = None", "must be a token id"],
+        ),
+        (
+            {"dflash_config": {k: v for k, v in dflash().items() if k != "conv_kernel_size"}},
+            ["dflash_config.conv_kernel_size = None", "must be a positive integer"],
+        ),
+        (
+            {"dflash_config": {k: v for k, v in dflash().items() if k != "selector_top_k"}},
+            ["dflash_config.selector_top_k = None", "must be a positive integer"],
+        ),
+        (
+            {"dflash_config": dflash() | {"conv_group_size": 24}},
+            ["dflash_config.conv_group_size = 24", f"must divide hidden_size {HIDDEN}"],
+        ),
+        (
+            {"layer_types": ["sliding_attention"] * 4 + ["full_attention"]},
+            ["layer_types", "must be all sliding or all full attention"],
+        ),
+        ({"layer_types": None}, ["layer_types = None", "must list the attention of all 5 layers"]),
+        (
+            {"use_sliding_window": False},
+            [
+                "sliding_window (use_sliding_window is not true) = None",
+                "sliding layers need a positive window",
+            ],
+        ),
+    ],
+)
 def test_config_past_a_bound_is_refused(tmp_path, capsys, edits, expected):
     snapshot = make_incoai(tmp_path, **edits)
     message = refused(capsys, snapshot, tmp_path)
@@ -74,7 +130,10 @@ def test_missing_licence_is_refused_unless_given(tmp_path, capsys):
     snapshot = make_incoai(tmp_path)
     (snapshot / "README.md").write_text("# no front matter\n")
     assert "license = None" in refused(capsys, snapshot, tmp_path)
-    assert main([str(snapshot), "--out", str(tmp_path / "served"), "--licence", "cc-by-nc-nd-4.0"]) == 0
+    assert (
+        main([str(snapshot), "--out", str(tmp_path / "served"), "--licence", "cc-by-nc-nd-4.0"])
+        == 0
+    )
 
 
 def test_licence_option_cannot_contradict_the_card(tmp_path, capsys):
@@ -117,22 +176,33 @@ def test_a_pickle_that_would_call_os_system_is_refused_and_never_runs(tmp_path, 
     marker.unlink()
 
     message = refused(capsys, snapshot, tmp_path)
-    assert "data.pkl global = 'posix.system'" in message or "data.pkl global = 'os.system'" in message
+    assert (
+        "data.pkl global = 'posix.system'" in message or "data.pkl global = 'os.system'" in message
+    )
     assert "torch._utils._rebuild_tensor_v2" in message  # the bound: what is allowed
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("mask_object, expected", [
-    ({"embedding": mask_vector(), "mask_token_id": MASK_TOKEN_ID, "note": "x"}, "key = \"'note'\""),
-    ({"embedding": mask_vector(), "extra": mask_vector()}, "key = \"'extra'\""),
-    ({"mask_token_id": MASK_TOKEN_ID}, "embedding missing"),
-    ({"embedding": mask_vector(), "mask_token_id": MASK_TOKEN_ID + 1}, f"mask_token_id = {MASK_TOKEN_ID + 1}"),
-    (torch.zeros(HIDDEN + 1), f"embedding shape = [{HIDDEN + 1}]"),
-    (torch.zeros(1, HIDDEN), f"embedding shape = [1, {HIDDEN}]"),
-    (torch.zeros(2 * HIDDEN)[::2], f"embedding shape = [{HIDDEN}]"),
-    (torch.zeros(HIDDEN, dtype=torch.int64), "data.pkl global = 'torch.LongStorage'"),
-    ([mask_vector()], "opcode = 'EMPTY_LIST'"),
-])
+@pytest.mark.parametrize(
+    "mask_object, expected",
+    [
+        (
+            {"embedding": mask_vector(), "mask_token_id": MASK_TOKEN_ID, "note": "x"},
+            "key = \"'note'\"",
+        ),
+        ({"embedding": mask_vector(), "extra": mask_vector()}, "key = \"'extra'\""),
+        ({"mask_token_id": MASK_TOKEN_ID}, "embedding missing"),
+        (
+            {"embedding": mask_vector(), "mask_token_id": MASK_TOKEN_ID + 1},
+            f"mask_token_id = {MASK_TOKEN_ID + 1}",
+        ),
+        (torch.zeros(HIDDEN + 1), f"embedding shape = [{HIDDEN + 1}]"),
+        (torch.zeros(1, HIDDEN), f"embedding shape = [1, {HIDDEN}]"),
+        (torch.zeros(2 * HIDDEN)[::2], f"embedding shape = [{HIDDEN}]"),
+        (torch.zeros(HIDDEN, dtype=torch.int64), "data.pkl global = 'torch.LongStorage'"),
+        ([mask_vector()], "opcode = 'EMPTY_LIST'"),
+    ],
+)
 def test_a_mask_file_outside_the_one_vector_is_refused(tmp_path, capsys, mask_object, expected):
     snapshot = make_dflash2_g(tmp_path, mask_object=mask_object)
     message = refused(capsys, snapshot, tmp_path)
@@ -163,7 +233,11 @@ def test_a_mask_file_with_a_foreign_record_is_refused(tmp_path, capsys):
 
 def test_a_legacy_non_zip_mask_file_is_refused(tmp_path, capsys):
     snapshot = make_dflash2_g(tmp_path)
-    torch.save({"embedding": mask_vector()}, snapshot / "mask_embedding.pt", _use_new_zipfile_serialization=False)
+    torch.save(
+        {"embedding": mask_vector()},
+        snapshot / "mask_embedding.pt",
+        _use_new_zipfile_serialization=False,
+    )
     assert "format = 'not a zip'" in refused(capsys, snapshot, tmp_path)
 
 
@@ -172,6 +246,7 @@ def test_mask_saved_with_pickle_protocol_4_is_still_read(tmp_path, capsys):
     torch.save({"embedding": mask_vector()}, snapshot / "mask_embedding.pt", pickle_protocol=4)
     assert main([str(snapshot), "--out", str(tmp_path / "served")]) == 0
     capsys.readouterr()
-    assert torch.equal(torch.load(tmp_path / "served" / "mask_embedding.pt", weights_only=True)["embedding"],
-                       mask_vector())
-
+    assert torch.equal(
+        torch.load(tmp_path / "served" / "mask_embedding.pt", weights_only=True)["embedding"],
+        mask_vector(),
+    )

@@ -65,7 +65,9 @@ def cache_snapshot(root, repo_id, commit):
 def write_drafter(snapshot, config, licence, *, embed_rows=VOCAB):
     (snapshot / "config.json").write_text(json.dumps(config, indent=2))
     (snapshot / "README.md").write_text(_CARD.format(licence=licence, name=snapshot.name))
-    tensors = {"fc.weight": torch.zeros(HIDDEN, HIDDEN * len(config["dflash_config"]["target_layer_ids"]))}
+    tensors = {
+        "fc.weight": torch.zeros(HIDDEN, HIDDEN * len(config["dflash_config"]["target_layer_ids"]))
+    }
     if embed_rows:
         tensors["embed_tokens.weight"] = torch.zeros(embed_rows, HIDDEN)
     save_file(tensors, str(snapshot / "model.safetensors"))
@@ -109,10 +111,18 @@ def test_synthetic_drafters_have_the_published_shapes(tmp_path):
     g = make_dflash2_g(tmp_path / "b")
     incoai_config = json.loads((incoai / "config.json").read_text())
     g_config = json.loads((g / "config.json").read_text())
-    assert (incoai_config["num_hidden_layers"], len(incoai_config["dflash_config"]["target_layer_ids"])) == (5, 5)
-    assert (g_config["num_hidden_layers"], len(g_config["dflash_config"]["target_layer_ids"])) == (8, 9)
+    assert (
+        incoai_config["num_hidden_layers"],
+        len(incoai_config["dflash_config"]["target_layer_ids"]),
+    ) == (5, 5)
+    assert (g_config["num_hidden_layers"], len(g_config["dflash_config"]["target_layer_ids"])) == (
+        8,
+        9,
+    )
     with safe_open(incoai / "model.safetensors", framework="pt") as weights:
         assert weights.get_slice("embed_tokens.weight").get_shape() == [VOCAB, HIDDEN]
     # The mask file is a real torch.save file that torch's own safe loader accepts.
     state = torch.load(g / "mask_embedding.pt", weights_only=True)
-    assert torch.equal(state["embedding"], mask_vector()) and state["mask_token_id"] == MASK_TOKEN_ID
+    assert (
+        torch.equal(state["embedding"], mask_vector()) and state["mask_token_id"] == MASK_TOKEN_ID
+    )

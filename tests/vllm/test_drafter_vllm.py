@@ -42,7 +42,10 @@ print(json.dumps(result))
 def vllm_reads(paths):
     result = subprocess.run(
         [sys.executable, "-c", VLLM_READS, json.dumps({k: str(v) for k, v in paths.items()})],
-        capture_output=True, text=True, timeout=600,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
         env={**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "ERROR"},
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -58,10 +61,18 @@ def read_by_vllm(tmp_path_factory):
     summaries = {}
     for name, source in (("g", g_source), ("incoai", incoai_source)):
         assert main([str(source), "--out", str(root / f"{name}-served")]) == 0
-        summaries[name] = json.loads((root / f"{name}-served" / ".prepare-drafter.json").read_text())["summary"]
+        summaries[name] = json.loads(
+            (root / f"{name}-served" / ".prepare-drafter.json").read_text()
+        )["summary"]
     summaries["no_window_exit"] = main([str(no_window), "--out", str(root / "no-window-served")])
-    read = vllm_reads({"g": root / "g-served", "g_source": g_source,
-                       "incoai": root / "incoai-served", "no_window": no_window})
+    read = vllm_reads(
+        {
+            "g": root / "g-served",
+            "g_source": g_source,
+            "incoai": root / "incoai-served",
+            "no_window": no_window,
+        }
+    )
     return read, summaries
 
 
@@ -85,4 +96,6 @@ def test_a_window_vllm_cannot_see_is_what_we_refuse(read_by_vllm):
     # sliding_window without use_sliding_window: refused by read_shape, and vLLM indeed fails on it
     read, summaries = read_by_vllm
     assert summaries["no_window_exit"] == 3
-    assert read["no_window"]["layers"].startswith("ValueError: DFlash sliding attention requires a window")
+    assert read["no_window"]["layers"].startswith(
+        "ValueError: DFlash sliding attention requires a window"
+    )
