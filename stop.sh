@@ -19,23 +19,14 @@ source "${LAUNCHER_DIR}/lib/plan.sh"
 # shellcheck source=launcher/lib/ranks.sh
 source "${LAUNCHER_DIR}/lib/ranks.sh"
 
-show_stop() {
-  local index
-  printf '# remove the serve containers listed on each node\n'
-  for index in "${!NODE_LIST[@]}"; do
-    serve_containers_argv
-    show_on_node "${index}" "${CMD[@]}"
-    show_on_node "${index}" docker rm --force '<listed-ids>'
-  done
-}
-
 main() {
   load_settings "${LAUNCHER_DIR}/defaults.env" "${CLUSTER_ENV:-${ROOT_DIR}/cluster.env}"
   require_flag DRY_RUN
   validate_nodes
   split_words SSH SSH_WORDS
   if [[ ${DRY_RUN} == 1 ]]; then
-    show_stop
+    printf '# remove the serve containers listed on each node\n'
+    show_stop_all_ranks
     return 0
   fi
   stop_all_ranks

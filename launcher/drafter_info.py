@@ -22,13 +22,16 @@ _PUBLISHED_SHAPES = {
 
 
 def startup_phrase(drafter, window):
-    licence = drafter.licence_name
+    """The phrase prepare-drafter prints for this drafter, from the catalog and its shape."""
+    terms = drafter.licence_name
     if drafter.non_commercial:
-        licence += ", non-commercial"
+        terms += ", non-commercial"
     layers, attention, native_window = _PUBLISHED_SHAPES[drafter.repo_id]
     if attention == "full":
-        return f"{licence}; {layers} full-attention layers served at a {window}-token window"
-    return f"{licence}; {layers} sliding layers, {native_window}-token window"
+        shape = f"{layers} full-attention layers served at a {window}-token window"
+    else:
+        shape = f"{layers} sliding layers, window {native_window}"
+    return f"{drafter.repo_id} ({terms}), {shape}"
 
 
 def main(argv):

@@ -15,7 +15,7 @@ describe_drafter() {
   local name value
   if [[ ${DRAFTER} == /* ]]; then
     DRAFTER_NAME=${DRAFTER}
-    DRAFTER_PHRASE="local directory; licence read from its model card by prepare-drafter"
+    DRAFTER_PHRASE="${DRAFTER} (local; prepare-drafter reads its licence from the model card)"
     return 0
   fi
   while IFS='=' read -r name value; do
@@ -26,7 +26,7 @@ describe_drafter() {
       *) ;;
     esac
   done < <(python3 "${LAUNCHER_DIR}/drafter_info.py" "${DRAFTER}" "${DRAFTER_WINDOW}")
-  wait "$!" || exit 2
+  helper_status "$!" drafter_info.py
 }
 
 # Snapshot and derived directory (container paths) once the pin is known.
@@ -57,7 +57,6 @@ settle_pins() {
     fi
   fi
   [[ ${SPEC} == dflash2 ]] || return 0
-  describe_drafter
   if [[ ${DRAFTER} != /* ]]; then
     known_pin "${DRAFTER_NAME}" "${DRAFTER_REVISION}" "${DRAFTER_CATALOG_PIN}"
     DRAFTER_PIN=${REPLY:-${UNPINNED}}

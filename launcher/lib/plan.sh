@@ -165,7 +165,7 @@ startup_line() {
   speculative_tokens
   k=${REPLY}
   case ${SPEC} in
-    dflash2) drafter_phrase="drafter ${DRAFTER_NAME}@${DRAFTER_PIN} (${drafter_phrase}), k=${k}" ;;
+    dflash2) drafter_phrase="drafter ${drafter_phrase}, revision ${DRAFTER_PIN}, k=${k}" ;;
     mtp) drafter_phrase="drafter the checkpoint's MTP head, k=${k}" ;;
     *) drafter_phrase="no drafter (SPEC=off)" ;;
   esac

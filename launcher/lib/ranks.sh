@@ -106,12 +106,23 @@ stop_if_half_started() {
   return "${status}"
 }
 
+# DRY_RUN: what stop_all_ranks runs.
+show_stop_all_ranks() {
+  local index
+  for index in "${!NODE_LIST[@]}"; do
+    serve_containers_argv
+    show_on_node "${index}" "${CMD[@]}"
+    show_on_node "${index}" docker rm --force '<listed-ids>'
+  done
+}
+
 show_running_check() {
   local index
-  printf '# refuse if a %s container is running on any node; remove exited ones\n' "${SERVE_LABEL}"
+  printf '# refuse if a %s container is running on any node; then remove exited ones\n' "${SERVE_LABEL}"
   for index in "${!NODE_LIST[@]}"; do
     show_on_node "${index}" docker ps --filter "label=${SERVE_LABEL}" --format '{{.Names}}'
   done
+  show_stop_all_ranks
 }
 
 show_ranks() {

@@ -35,6 +35,16 @@ die() {
   exit 1
 }
 
+# Waits for a helper started in a process substitution: its exit 2 is a refusal it has
+# already printed; anything else is a failure to name here.
+helper_status() {
+  local pid=$1 helper=$2 status=0
+  wait "${pid}" || status=$?
+  ((status == 0)) && return 0
+  ((status == 2)) && exit 2
+  die "launcher/${helper} failed (exit ${status}); is python3 3.8 or newer on PATH?"
+}
+
 say() {
   printf 'glm53: %s\n' "$*"
 }
@@ -95,13 +105,13 @@ load_settings() {
   done
 }
 
-# Expands a leading ~/ to $HOME and makes repo-relative paths absolute.
-absolute_path() {
-  local path=$1 root=$2
+# Expands a leading ~/ to $HOME; with ROOT given, a relative path is taken from ROOT.
+expand_path() {
+  local path=$1 root=${2:-}
   # The setting is text, so a leading ~/ is matched literally and replaced by $HOME.
   if [[ ${path:0:1} == "~" && ${path:1:1} == / ]]; then
-    path=${HOME}/${path#\~/}
-  elif [[ ${path} != /* ]]; then
+    path=${HOME}/${path:2}
+  elif [[ -n ${root} && ${path} != /* ]]; then
     path=${root}/${path}
   fi
   printf '%s' "${path}"

@@ -47,11 +47,11 @@ require_mount_path() {
 }
 
 # Splits a shell-words setting with launcher/words.py into the named array; a bad quote
-# is refused by words.py (wait returns its status).
+# is refused by words.py itself.
 split_words() {
   local name=$1 array=$2
   mapfile -d '' -t "${array}" < <(python3 "${LAUNCHER_DIR}/words.py" "${name}" "${!name}")
-  wait "$!" || exit 2
+  helper_status "$!" words.py
 }
 
 validate_spec() {
@@ -60,11 +60,11 @@ validate_spec() {
     "DFlash2 drafts at most block size ${DRAFT_BLOCK_SIZE} - 1 tokens"
   require_int_in MTP_NUM_SPECULATIVE_TOKENS 1 $((DRAFT_BLOCK_SIZE - 1))
   require_int_in DRAFTER_WINDOW 128 32768 "the fixed window full-attention drafter layers are served at"
-  if [[ ${DRAFTER} != /* ]]; then
-    require_choice DRAFTER incoai dflash2-g /an/absolute/path
-  elif [[ ${DRAFTER} == *,* || ${DRAFTER} =~ [[:cntrl:]] ]]; then
-    refuse DRAFTER "${DRAFTER}" "accepted: incoai | dflash2-g | an absolute path without commas"
+  if [[ ${DRAFTER} == /* && (${DRAFTER} == *,* || ${DRAFTER} =~ [[:cntrl:]]) ]]; then
+    refuse DRAFTER "${DRAFTER}" "accepted: a catalog key (incoai, dflash2-g) or an absolute path without commas"
   fi
+  # The catalog refuses keys it does not know (drafter_info.py lists them).
+  describe_drafter
   if [[ -n ${DRAFTER_REVISION} && ! ${DRAFTER_REVISION} =~ ${HEX40_RE} ]]; then
     refuse DRAFTER_REVISION "${DRAFTER_REVISION}" "accepted: a 40-hex commit hash, or empty for the catalog's or the recorded pin"
   fi
@@ -74,7 +74,9 @@ validate_memory() {
   require_int_in MAX_NUM_SEQS 1 64
   require_flag FORCE_UNSAFE_CTX
   require_flag FORCE_UNSAFE_KV
-  require_choice KV_CACHE_DTYPE fp8_e4m3 fp8 fp8_e5m2
+  if [[ ! ${KV_CACHE_DTYPE} =~ ^(fp8_e4m3|fp8|fp8_e5m2)$ ]]; then
+    refuse KV_CACHE_DTYPE "${KV_CACHE_DTYPE}" "the KV pin and the context bound hold for 1-byte fp8 KV only; accepted: fp8_e4m3 | fp8 | fp8_e5m2"
+  fi
   require_int_in KV_CACHE_MEMORY_BYTES 1 999999999999
   if ((KV_CACHE_MEMORY_BYTES > PIN_BYTES)) && [[ ${FORCE_UNSAFE_KV} != 1 ]]; then
     refuse KV_CACHE_MEMORY_BYTES "${KV_CACHE_MEMORY_BYTES}" \
@@ -148,13 +150,13 @@ validate_network() {
 }
 
 validate_paths() {
-  HF_CACHE=$(absolute_path "${HF_CACHE}" "${ROOT_DIR}")
-  require_mount_path HF_CACHE "${HF_CACHE}"
-  PINS_FILE=$(absolute_path "${PINS_FILE}" "${ROOT_DIR}")
+  require_mount_path HF_CACHE "$(expand_path "${HF_CACHE}")"
+  HF_CACHE=$(expand_path "${HF_CACHE}")
   if [[ -n ${HF_TOKEN_FILE} ]]; then
-    HF_TOKEN_FILE=$(absolute_path "${HF_TOKEN_FILE}" "${ROOT_DIR}")
-    require_mount_path HF_TOKEN_FILE "${HF_TOKEN_FILE}"
+    require_mount_path HF_TOKEN_FILE "$(expand_path "${HF_TOKEN_FILE}")"
+    HF_TOKEN_FILE=$(expand_path "${HF_TOKEN_FILE}")
   fi
+  PINS_FILE=$(expand_path "${PINS_FILE}" "${ROOT_DIR}")
 }
 
 validate_words() {

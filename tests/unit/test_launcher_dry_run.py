@@ -1,0 +1,310 @@
+"""DRY_RUN prints exactly the commands of a run: the defaults in full, each knob's effect exactly."""
+
+import json
+import os
+import shlex
+import stat
+
+import pytest
+
+from tests.unit.test_launcher_support import (
+    DRAFTER_PIN, FAKE_SSH, HOME, MODEL_PIN, NODES, REPO, dry_run, node_commands, run,
+    sealed_bin, serve_commands, startup_line, vllm_argv,
+)
+
+# The whole DRY_RUN of `NODES="192.0.2.1 192.0.2.2" IFACE=ifx0 HCA=hca0 DRY_RUN=1 ./run.sh`
+# on a fresh clone (nothing pinned yet), reviewed line by line.
+DEFAULTS_DRY_RUN = r"""# glm53: model nvidia/GLM-5.3-Flash-FP4-Local@<resolved-at-run>, drafter incoai/GLM-5.3-Flash-DFlash2 (CC BY-NC-ND 4.0, non-commercial), 5 sliding layers, window 2048, revision <resolved-at-run>, k=5, context 327680, 4 seqs, CUDA graphs (capture 1,2,4,6,12,18,24), KV pin 4445787956 bytes (4.14 GiB fp8_e4m3), image glm53-sm121-v11, nodes 192.0.2.1 192.0.2.2 (TP=2)
+# refuse if a glm53.launcher=serve container is running on any node; then remove exited ones
+docker ps --filter label=glm53.launcher=serve --format '{{.Names}}'
+ssh -o BatchMode=yes 192.0.2.2 'docker ps --filter label=glm53.launcher=serve --format '\''{{.Names}}'\'''
+docker ps --all --quiet --filter label=glm53.launcher=serve
+docker rm --force '<listed-ids>'
+ssh -o BatchMode=yes 192.0.2.2 'docker ps --all --quiet --filter label=glm53.launcher=serve'
+ssh -o BatchMode=yes 192.0.2.2 'docker rm --force '\''<listed-ids>'\'''
+# image: glm53-sm121-v11 must exist on the head (built by scripts/build.sh from glm53-sm121-v8 when missing) and have the head's ID on every worker (streamed when missing)
+docker image inspect --format '{{.Id}}' glm53-sm121-v11
+# only when glm53-sm121-v11 is missing on the head:
+docker image inspect --format '{{.Id}}' glm53-sm121-v8
+{repo}/scripts/build.sh --base glm53-sm121-v8 --to v11
+ssh -o BatchMode=yes 192.0.2.2 'docker image inspect --format '\''{{.Id}}'\'' glm53-sm121-v11'
+# only when glm53-sm121-v11 is missing on 192.0.2.2:
+docker save glm53-sm121-v11 | python3 {repo}/launcher/count_bytes.py 'glm53-sm121-v11 to 192.0.2.2' '<image-bytes>' | ssh -o BatchMode=yes 192.0.2.2 'docker load'
+# only once: resolve nvidia/GLM-5.3-Flash-FP4-Local to a commit on the head and record it in {pins}
+docker run --rm --label glm53.launcher=tool --network host --mount type=bind,src=/home/user/.cache/huggingface,dst=/root/.cache/huggingface --env HF_HOME=/root/.cache/huggingface --entrypoint python3 glm53-sm121-v11 -c 'import sys; from huggingface_hub import HfApi; print(HfApi().model_info(sys.argv[1]).sha)' nvidia/GLM-5.3-Flash-FP4-Local
+# only once: resolve incoai/GLM-5.3-Flash-DFlash2 to a commit on the head and record it in {pins}
+docker run --rm --label glm53.launcher=tool --network host --mount type=bind,src=/home/user/.cache/huggingface,dst=/root/.cache/huggingface --env HF_HOME=/root/.cache/huggingface --entrypoint python3 glm53-sm121-v11 -c 'import sys; from huggingface_hub import HfApi; print(HfApi().model_info(sys.argv[1]).sha)' incoai/GLM-5.3-Flash-DFlash2
+# drafter: fetch it at its pin and derive /root/.cache/huggingface/glm53-drafters/incoai-<resolved-at-run> on every node
+docker run --rm --label glm53.launcher=tool --network host --mount type=bind,src=/home/user/.cache/huggingface,dst=/root/.cache/huggingface --env HF_HOME=/root/.cache/huggingface --entrypoint python3 glm53-sm121-v11 -c 'import sys; from huggingface_hub import snapshot_download; print(snapshot_download(sys.argv[1], revision=sys.argv[2]))' incoai/GLM-5.3-Flash-DFlash2 '<resolved-at-run>'
+docker run --rm --label glm53.launcher=tool --network none --mount type=bind,src=/home/user/.cache/huggingface,dst=/root/.cache/huggingface --env HF_HOME=/root/.cache/huggingface --entrypoint python3 glm53-sm121-v11 /opt/glm53-recipe/scripts/prepare-drafter '/root/.cache/huggingface/hub/models--incoai--GLM-5.3-Flash-DFlash2/snapshots/<resolved-at-run>' --out '/root/.cache/huggingface/glm53-drafters/incoai-<resolved-at-run>' --window 2048 --json
+ssh -o BatchMode=yes 192.0.2.2 'docker run --rm --label glm53.launcher=tool --network host --mount type=bind,src=/home/user/.cache/huggingface,dst=/root/.cache/huggingface --env HF_HOME=/root/.cache/huggingface --entrypoint python3 glm53-sm121-v11 -c '\''import sys; from huggingface_hub import snapshot_download; print(snapshot_download(sys.argv[1], revision=sys.argv[2]))'\'' incoai/GLM-5.3-Flash-DFlash2 '\''<resolved-at-run>'\'''
+ssh -o BatchMode=yes 192.0.2.2 'docker run --rm --label glm53.launcher=tool --network none --mount type=bind,src=/home/user/.cache/huggingface,dst=/root/.cache/huggingface --env HF_HOME=/root/.cache/huggingface --entrypoint python3 glm53-sm121-v11 /opt/glm53-recipe/scripts/prepare-drafter '\''/root/.cache/huggingface/hub/models--incoai--GLM-5.3-Flash-DFlash2/snapshots/<resolved-at-run>'\'' --out '\''/root/.cache/huggingface/glm53-drafters/incoai-<resolved-at-run>'\'' --window 2048 --json'
+# start one rank per node, head first
+docker run --detach --name glm53-rank0 --label glm53.launcher=serve --label glm53.rank=0 --network host --ipc host --gpus all --device /dev/infiniband --ulimit memlock=-1 --ulimit stack=67108864 --mount type=bind,src=/home/user/.cache/huggingface,dst=/root/.cache/huggingface --env HF_HOME=/root/.cache/huggingface --env NCCL_SOCKET_IFNAME=ifx0 --env GLOO_SOCKET_IFNAME=ifx0 --env NCCL_IB_HCA=hca0 --entrypoint vllm glm53-sm121-v11 serve nvidia/GLM-5.3-Flash-FP4-Local --revision '<resolved-at-run>' --port 8000 --tensor-parallel-size 2 --max-model-len 327680 --max-num-seqs 4 --kv-cache-dtype fp8_e4m3 --kv-cache-memory-bytes 4445787956 --speculative-config '{"method":"dflash","model":"/root/.cache/huggingface/glm53-drafters/incoai-<resolved-at-run>","num_speculative_tokens":5}' --compilation-config '{"cudagraph_capture_sizes":[1,2,4,6,12,18,24]}' --nnodes 2 --node-rank 0 --master-addr 192.0.2.1 --master-port 29501 --distributed-executor-backend mp
+ssh -o BatchMode=yes 192.0.2.2 'docker run --detach --name glm53-rank1 --label glm53.launcher=serve --label glm53.rank=1 --network host --ipc host --gpus all --device /dev/infiniband --ulimit memlock=-1 --ulimit stack=67108864 --mount type=bind,src=/home/user/.cache/huggingface,dst=/root/.cache/huggingface --env HF_HOME=/root/.cache/huggingface --env NCCL_SOCKET_IFNAME=ifx0 --env GLOO_SOCKET_IFNAME=ifx0 --env NCCL_IB_HCA=hca0 --entrypoint vllm glm53-sm121-v11 serve nvidia/GLM-5.3-Flash-FP4-Local --revision '\''<resolved-at-run>'\'' --tensor-parallel-size 2 --max-model-len 327680 --max-num-seqs 4 --kv-cache-dtype fp8_e4m3 --kv-cache-memory-bytes 4445787956 --speculative-config '\''{"method":"dflash","model":"/root/.cache/huggingface/glm53-drafters/incoai-<resolved-at-run>","num_speculative_tokens":5}'\'' --compilation-config '\''{"cudagraph_capture_sizes":[1,2,4,6,12,18,24]}'\'' --nnodes 2 --node-rank 1 --master-addr 192.0.2.1 --master-port 29501 --distributed-executor-backend mp --headless'
+# wait: poll the API every 5 s (up to 7200 s) while every rank is running; a dead rank stops all
+curl --silent --fail --output /dev/null --max-time 5 http://127.0.0.1:8000/v1/models
+docker inspect --format '{{.State.Status}}' glm53-rank0
+ssh -o BatchMode=yes 192.0.2.2 'docker inspect --format '\''{{.State.Status}}'\'' glm53-rank1'
+"""
+
+HF_MOUNT = [
+    "--mount", f"type=bind,src={HOME}/.cache/huggingface,dst=/root/.cache/huggingface",
+    "--env", "HF_HOME=/root/.cache/huggingface",
+]
+NCCL_ENV = ["--env", "NCCL_SOCKET_IFNAME=ifx0", "--env", "GLOO_SOCKET_IFNAME=ifx0",
+            "--env", "NCCL_IB_HCA=hca0"]
+DOCKER_DEFAULTS = ["--gpus", "all", "--device", "/dev/infiniband", "--ulimit", "memlock=-1",
+                   "--ulimit", "stack=67108864"]
+PINNED = {"MODEL_REVISION": MODEL_PIN, "DRAFTER_REVISION": DRAFTER_PIN}
+INCOAI_DIR = f"/root/.cache/huggingface/glm53-drafters/incoai-{DRAFTER_PIN}"
+MODEL = "nvidia/GLM-5.3-Flash-FP4-Local"
+
+
+def expected_docker_run(rank, nodes, vllm_words, mounts=(), multi_node=True):
+    argv = ["docker", "run", "--detach", "--name", f"glm53-rank{rank}",
+            "--label", "glm53.launcher=serve", "--label", f"glm53.rank={rank}",
+            "--network", "host", "--ipc", "host", *DOCKER_DEFAULTS, *HF_MOUNT, *mounts]
+    if multi_node:
+        argv += NCCL_ENV
+    return argv + ["--entrypoint", "vllm", "glm53-sm121-v11", *vllm_words]
+
+
+def expected_vllm(rank, nodes, middle, tp=None, extra=()):
+    """`serve MODEL ...` as the launcher orders it; `middle` is what sits between the
+    memory flags and the multi-node flags (speculative and compilation config)."""
+    words = ["serve", MODEL, "--revision", MODEL_PIN]
+    if rank == 0:
+        words += ["--port", "8000"]
+    words += ["--tensor-parallel-size", str(tp or nodes), "--max-model-len", "327680",
+              "--max-num-seqs", "4", "--kv-cache-dtype", "fp8_e4m3",
+              "--kv-cache-memory-bytes", "4445787956", *middle]
+    if nodes > 1:
+        words += ["--nnodes", str(nodes), "--node-rank", str(rank), "--master-addr", NODES[0],
+                  "--master-port", "29501", "--distributed-executor-backend", "mp"]
+        if rank > 0:
+            words.append("--headless")
+    return words + list(extra)
+
+
+def dflash(k=5, directory=INCOAI_DIR):
+    return ["--speculative-config", json.dumps(
+        {"method": "dflash", "model": directory, "num_speculative_tokens": k},
+        separators=(",", ":"))]
+
+
+def graphs(*sizes):
+    return ["--compilation-config",
+            '{"cudagraph_capture_sizes":[' + ",".join(map(str, sizes)) + "]}"]
+
+
+def assert_ranks(stdout, nodes, middle, tp=None, extra=(), mounts=()):
+    ranks = serve_commands(stdout)
+    assert sorted(ranks) == list(range(nodes))
+    for rank, (node, argv) in ranks.items():
+        assert node == NODES[rank]
+        assert argv == expected_docker_run(
+            rank, nodes, expected_vllm(rank, nodes, middle, tp, extra), mounts, nodes > 1)
+
+
+def test_defaults_print_exactly_the_reviewed_commands(tmp_path):
+    expected = DEFAULTS_DRY_RUN.replace("{repo}", str(REPO))
+    assert dry_run(tmp_path) == expected.replace("{pins}", str(tmp_path / "pins.env"))
+
+
+def test_defaults_pinned_serve_dflash2_k5_with_graphs(tmp_path):
+    stdout = dry_run(tmp_path, **PINNED)
+    assert_ranks(stdout, 2, dflash(5) + graphs(1, 2, 4, 6, 12, 18, 24))
+    assert "resolve" not in stdout
+    assert startup_line(stdout) == (
+        f"model {MODEL}@{MODEL_PIN}, drafter incoai/GLM-5.3-Flash-DFlash2 (CC BY-NC-ND 4.0, "
+        f"non-commercial), 5 sliding layers, window 2048, revision {DRAFTER_PIN}, k=5, "
+        "context 327680, 4 seqs, CUDA graphs (capture 1,2,4,6,12,18,24), KV pin 4445787956 "
+        "bytes (4.14 GiB fp8_e4m3), image glm53-sm121-v11, nodes 192.0.2.1 192.0.2.2 (TP=2)")
+
+
+def test_pins_file_supplies_both_revisions(tmp_path):
+    (tmp_path / "pins.env").write_text(
+        f"# recorded by run.sh\n{MODEL} {MODEL_PIN}\nincoai/GLM-5.3-Flash-DFlash2 {DRAFTER_PIN}\n")
+    assert dry_run(tmp_path) == dry_run(tmp_path, **PINNED)
+
+
+def test_spec_mtp_uses_the_checkpoint_head_with_4_tokens(tmp_path):
+    stdout = dry_run(tmp_path, SPEC="mtp", **PINNED)
+    mtp = ["--speculative-config", '{"method":"mtp","num_speculative_tokens":4}']
+    assert_ranks(stdout, 2, mtp + graphs(1, 2, 4, 5, 10, 15, 20))
+    assert "prepare-drafter" not in stdout and "DFlash2" not in stdout
+    assert "drafter the checkpoint's MTP head, k=4," in startup_line(stdout)
+
+
+def test_spec_off_passes_no_speculative_config(tmp_path):
+    stdout = dry_run(tmp_path, SPEC="off", **PINNED)
+    assert_ranks(stdout, 2, graphs(1, 2, 3, 4))
+    assert "--speculative-config" not in stdout and "prepare-drafter" not in stdout
+    assert "no drafter (SPEC=off)" in startup_line(stdout)
+
+
+def test_enforce_eager_replaces_the_capture_sizes(tmp_path):
+    stdout = dry_run(tmp_path, ENFORCE_EAGER=1, **PINNED)
+    assert_ranks(stdout, 2, dflash(5) + ["--enforce-eager"])
+    assert "--compilation-config" not in stdout
+    assert ", eager, " in startup_line(stdout)
+
+
+def test_k7_with_2_seqs_captures_sorted_unique_sizes(tmp_path):
+    stdout = dry_run(tmp_path, NUM_SPECULATIVE_TOKENS=7, MAX_NUM_SEQS=2, **PINNED)
+    ranks = serve_commands(stdout)
+    for rank, (_, argv) in ranks.items():
+        words = vllm_argv(argv)
+        assert words[words.index("--max-num-seqs") + 1] == "2"
+        assert words[words.index("--speculative-config") + 1] == dflash(7)[1]
+        # 1, 2, 4 and 8 x {1, 2}: 8 and 16, the 4 not repeated.
+        assert words[words.index("--compilation-config") + 1] == graphs(1, 2, 4, 8, 16)[1]
+
+
+def test_capture_sizes_deduplicate_where_verify_shapes_meet_1_2_4(tmp_path):
+    stdout = dry_run(tmp_path, NUM_SPECULATIVE_TOKENS=1, MAX_NUM_SEQS=3, **PINNED)
+    assert graphs(1, 2, 4, 6)[1] in stdout
+
+
+@pytest.mark.parametrize("nodes", [3, 4])
+def test_three_and_four_nodes(tmp_path, nodes):
+    stdout = dry_run(tmp_path, nodes=nodes, **PINNED)
+    assert_ranks(stdout, nodes, dflash(5) + graphs(1, 2, 4, 6, 12, 18, 24))
+    workers = {node for node, argv in node_commands(stdout) if node != NODES[0]}
+    assert workers == set(NODES[1:nodes])
+    assert startup_line(stdout).endswith(f"nodes {' '.join(NODES[:nodes])} (TP={nodes})")
+
+
+def test_tp_may_be_a_multiple_of_the_node_count(tmp_path):
+    stdout = dry_run(tmp_path, TP=4, **PINNED)
+    assert_ranks(stdout, 2, dflash(5) + graphs(1, 2, 4, 6, 12, 18, 24), tp=4)
+
+
+def test_one_node_needs_no_network_settings(tmp_path):
+    stdout = dry_run(tmp_path, nodes=1, IFACE=None, HCA=None, **PINNED)
+    assert_ranks(stdout, 1, dflash(5) + graphs(1, 2, 4, 6, 12, 18, 24))
+    assert "ssh" not in stdout
+
+
+EXTRA_ARGS = (
+    """--override-generation-config '{"temperature": 0.6, "top_p": 0.95}' """
+    """--served-model-name "it's glm" --chat-template-content-format=string """
+    """--hf-overrides '{"note": "a \\"quoted\\" $HOME `x`"}'"""
+)
+EXTRA_WORDS = [
+    "--override-generation-config", '{"temperature": 0.6, "top_p": 0.95}',
+    "--served-model-name", "it's glm", "--chat-template-content-format=string",
+    "--hf-overrides", '{"note": "a \\"quoted\\" $HOME `x`"}',
+]
+
+
+def test_extra_args_reach_every_rank_as_shell_words(tmp_path):
+    stdout = dry_run(tmp_path, EXTRA_ARGS=EXTRA_ARGS, **PINNED)
+    assert_ranks(stdout, 2, dflash(5) + graphs(1, 2, 4, 6, 12, 18, 24), extra=EXTRA_WORDS)
+    json.loads(EXTRA_WORDS[-1])  # the JSON word is still JSON after both shell levels
+
+
+def test_dflash2_g_says_licence_and_window_and_serves_the_derived_dir(tmp_path):
+    stdout = dry_run(tmp_path, DRAFTER="dflash2-g", DRAFTER_WINDOW=4096, **PINNED)
+    derived = f"/root/.cache/huggingface/glm53-drafters/dflash2-g-{DRAFTER_PIN}"
+    assert_ranks(stdout, 2, dflash(5, derived) + graphs(1, 2, 4, 6, 12, 18, 24))
+    assert ("drafter canada-quant/GLM-5.3-Flash-DFlash2-G (Apache-2.0), 8 full-attention "
+            "layers served at a 4096-token window") in startup_line(stdout)
+    snapshot = ("/root/.cache/huggingface/hub/models--canada-quant--GLM-5.3-Flash-DFlash2-G/"
+                f"snapshots/{DRAFTER_PIN}")
+    prepares = [argv for _, argv in node_commands(stdout) if "prepare-drafter" in " ".join(argv)]
+    assert len(prepares) == 2
+    for argv in prepares:
+        assert argv[-7:] == ["/opt/glm53-recipe/scripts/prepare-drafter", snapshot,
+                             "--out", derived, "--window", "4096", "--json"]
+
+
+def test_local_drafter_is_mounted_read_only_and_not_fetched(tmp_path):
+    local = "/srv/drafters/my drafter"
+    stdout = dry_run(tmp_path, DRAFTER=local, **PINNED)
+    checksum = os.popen(f"printf %s {shlex.quote(local)} | cksum").read().split()[0]
+    derived = f"/root/.cache/huggingface/glm53-drafters/local-{checksum}"
+    mount = ["--mount", f"type=bind,src={local},dst={local},readonly"]
+    assert_ranks(stdout, 2, dflash(5, derived) + graphs(1, 2, 4, 6, 12, 18, 24), mounts=mount)
+    assert "snapshot_download" not in stdout
+    prepares = [argv for _, argv in node_commands(stdout) if "prepare-drafter" in " ".join(argv)]
+    assert [argv[argv.index("/opt/glm53-recipe/scripts/prepare-drafter") + 1]
+            for argv in prepares] == [local, local]
+
+
+def test_local_model_is_mounted_and_has_no_revision(tmp_path):
+    stdout = dry_run(tmp_path, MODEL="/models/glm", DRAFTER_REVISION=DRAFTER_PIN)
+    for _, argv in serve_commands(stdout).values():
+        assert "type=bind,src=/models/glm,dst=/models/glm,readonly" in argv
+        assert vllm_argv(argv)[:2] == ["serve", "/models/glm"]
+        assert "--revision" not in argv
+    assert "model_info" not in stdout
+
+
+def test_token_file_is_mounted_read_only_and_its_content_never_printed(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("hf_SECRETVALUE\n")
+    stdout = dry_run(tmp_path, HF_TOKEN_FILE=token, HF_TOKEN="hf_SECRETVALUE", **PINNED)
+    assert "hf_SECRETVALUE" not in stdout
+    for _, argv in node_commands(stdout):
+        if argv[:2] == ["docker", "run"]:
+            at = argv.index(f"type=bind,src={token},dst=/run/secrets/hf_token,readonly")
+            assert argv[at - 1] == "--mount"
+            assert "HF_TOKEN_PATH=/run/secrets/hf_token" in argv
+            assert not any(word.startswith("HF_TOKEN=") for word in argv)
+
+
+def test_cluster_env_is_read_literally_and_the_environment_wins(tmp_path):
+    cluster = tmp_path / "cluster.env"
+    cluster.write_text(
+        "# site values\n"
+        'NODES="192.0.2.3 192.0.2.4"\n'
+        "IFACE=ifsite\n"
+        "HCA=hcasite\n"
+        """EXTRA_ARGS=--override-generation-config '{"top_k": 20}'\n"""
+        "MAX_NUM_SEQS=2\n")
+    stdout = dry_run(tmp_path, CLUSTER_ENV=cluster, NODES=None, IFACE=None, HCA=None,
+                     MAX_NUM_SEQS=3, **PINNED)
+    ranks = serve_commands(stdout, head="192.0.2.3")
+    assert [node for node, _ in ranks.values()] == ["192.0.2.3", "192.0.2.4"]
+    words = vllm_argv(ranks[1][1])
+    assert words[-2:] == ["--override-generation-config", '{"top_k": 20}']
+    assert words[words.index("--max-num-seqs") + 1] == "3"
+    assert "NCCL_SOCKET_IFNAME=ifsite" in ranks[1][1] and "NCCL_IB_HCA=hcasite" in ranks[1][1]
+
+
+def test_ssh_and_docker_args_are_settings(tmp_path):
+    stdout = dry_run(tmp_path, SSH=f"{FAKE_SSH} -p 2222", DOCKER_ARGS="--runtime runc",
+                     **PINNED)
+    worker_lines = [line for line in stdout.splitlines() if NODES[1] in line.split(" ")[:4]]
+    assert worker_lines and all(line.startswith(f"{FAKE_SSH} -p 2222 {NODES[1]} ")
+                                for line in worker_lines)
+    for _, argv in serve_commands(stdout).values():
+        after_ipc = argv.index("--ipc") + 2
+        assert argv[after_ipc:after_ipc + 3] == ["--runtime", "runc", "--mount"]
+        assert "--gpus" not in argv
+
+
+def test_streams_through_pv_when_it_is_installed(tmp_path):
+    pv = sealed_bin(tmp_path) / "pv"
+    pv.write_text("#!/bin/sh\nexec cat\n")
+    pv.chmod(pv.stat().st_mode | stat.S_IXUSR)
+    stdout = dry_run(tmp_path, **PINNED)
+    assert (f"docker save glm53-sm121-v11 | pv --size '<image-bytes>' --name "
+            f"'glm53-sm121-v11 to {NODES[1]}' | ssh -o BatchMode=yes {NODES[1]} 'docker load'"
+            ) in stdout.splitlines()
+
+
+def test_stop_dry_run_removes_the_serve_containers_on_every_node(tmp_path):
+    result = run(tmp_path, script="stop.sh", nodes=3)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "# remove the serve containers listed on each node",
+        "docker ps --all --quiet --filter label=glm53.launcher=serve",
+        "docker rm --force '<listed-ids>'",
+        f"ssh -o BatchMode=yes {NODES[1]} 'docker ps --all --quiet --filter label=glm53.launcher=serve'",
+        f"ssh -o BatchMode=yes {NODES[1]} 'docker rm --force '\\''<listed-ids>'\\'''",
+        f"ssh -o BatchMode=yes {NODES[2]} 'docker ps --all --quiet --filter label=glm53.launcher=serve'",
+        f"ssh -o BatchMode=yes {NODES[2]} 'docker rm --force '\\''<listed-ids>'\\'''",
+    ]
