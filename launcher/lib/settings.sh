@@ -93,12 +93,15 @@ load_settings() {
     KNOB_NAMES+=("${name}")
     defaults[${name}]=${value}
   done < <(read_setting_file "${defaults_file}")
+  wait "$!" || exit 2
   if [[ -f ${cluster_file} ]]; then
     while IFS= read -r -d '' name && IFS= read -r -d '' value; do
       is_knob "${name}" \
         || refuse "${name}" "${value}" "in ${cluster_file}, not a launcher setting; accepted: the names in launcher/defaults.env"
       [[ -n ${!name-} ]] || printf -v "${name}" '%s' "$(strip_outer_quotes "${value}")"
     done < <(read_setting_file "${cluster_file}")
+    # A malformed line was refused inside the substitution; stop here too.
+    wait "$!" || exit 2
   fi
   for name in "${KNOB_NAMES[@]}"; do
     [[ -n ${!name-} ]] || printf -v "${name}" '%s' "${defaults[${name}]}"

@@ -161,7 +161,7 @@ validate_paths() {
 
 validate_words() {
   split_words SSH SSH_WORDS
-  ((${#SSH_WORDS[@]} > 0)) || refuse SSH "${SSH}" "accepted: a remote-exec command such as ssh -o BatchMode=yes"
+  [[ -n ${SSH_WORDS[0]:-} ]] || refuse SSH "${SSH}" "accepted: a remote-exec command such as ssh -o BatchMode=yes"
   split_words DOCKER_ARGS DOCKER_WORDS
   split_words EXTRA_ARGS EXTRA_WORDS
   validate_extra_words

@@ -1,0 +1,166 @@
+"""Every bad value of every knob is refused before anything runs: exit 2, nothing on stdout,
+one stderr line naming the variable, its value and what is accepted (or why it is unsafe)."""
+
+import pytest
+
+from tests.unit.test_launcher_support import run
+
+INT = "accepted: an integer"
+K_WHY = "DFlash2 drafts at most block size 8 - 1 tokens; accepted: an integer 1..7"
+CTX_WHY = ("the 4445787956-byte KV pin holds about 400,497 fp8 tokens, so it cannot hold more "
+           "than 327680 context; accepted: 1..327680, or set FORCE_UNSAFE_CTX=1")
+KV_WHY = ("above the 4445787956-byte pin, 5.0 GiB slowed decode 20-30% and 5.14 GiB crashed "
+          "(unified memory); accepted: 1..4445787956, or set FORCE_UNSAFE_KV=1")
+STOCK_WHY = ("stock vllm/vllm-openai images lack the v9-v11 layers (DFlash2 backport, Glm5Next "
+             "tap capture, draft KV group); accepted: glm53-sm121-v11 (scripts/build.sh), or set "
+             "FORCE_STOCK_IMAGE=1")
+WORDS_WHY = "No closing quotation; accepted: shell words (quote a word that holds spaces or JSON)"
+TP_WHY = ("accepted: a multiple of the node count 2 (each node runs TP / nodes ranks), or empty "
+          "for the node count")
+PATH_WHY = "accepted: an absolute path (~/ allowed) without commas"
+HEX_PIN = "accepted: a 40-hex commit hash, or empty"
+
+REFUSALS = [
+    ({"SPEC": "dflash"}, "SPEC=dflash: accepted: dflash2 | mtp | off"),
+    ({"SPEC": "MTP"}, "SPEC=MTP: accepted: dflash2 | mtp | off"),
+    ({"DRAFTER": "incoai-v2"}, "DRAFTER=incoai-v2: accepted: dflash2-g | incoai | an absolute path"),
+    ({"DRAFTER": "/data/a,b"},
+     "DRAFTER=/data/a,b: accepted: a catalog key (incoai, dflash2-g) or an absolute path without commas"),
+    ({"DRAFTER_REVISION": "main"},
+     f"DRAFTER_REVISION=main: {HEX_PIN} for the catalog's or the recorded pin"),
+    ({"DRAFTER_REVISION": "ABCDEF0123456789abcdef0123456789abcdef01"},
+     f"DRAFTER_REVISION=ABCDEF0123456789abcdef0123456789abcdef01: {HEX_PIN} for the catalog's or the recorded pin"),
+    ({"DRAFTER_WINDOW": "64"},
+     f"DRAFTER_WINDOW=64: the fixed window full-attention drafter layers are served at; {INT} 128..32768"),
+    ({"NUM_SPECULATIVE_TOKENS": "8"}, f"NUM_SPECULATIVE_TOKENS=8: {K_WHY}"),
+    ({"NUM_SPECULATIVE_TOKENS": "0"}, f"NUM_SPECULATIVE_TOKENS=0: {K_WHY}"),
+    ({"NUM_SPECULATIVE_TOKENS": "five"}, f"NUM_SPECULATIVE_TOKENS=five: {K_WHY}"),
+    ({"NUM_SPECULATIVE_TOKENS": "05"}, f"NUM_SPECULATIVE_TOKENS=05: {K_WHY}"),
+    ({"NUM_SPECULATIVE_TOKENS": "-1"}, f"NUM_SPECULATIVE_TOKENS=-1: {K_WHY}"),
+    ({"MTP_NUM_SPECULATIVE_TOKENS": "9"}, f"MTP_NUM_SPECULATIVE_TOKENS=9: {INT} 1..7"),
+    ({"MAX_NUM_SEQS": "0"}, f"MAX_NUM_SEQS=0: {INT} 1..64"),
+    ({"MAX_NUM_SEQS": "65"}, f"MAX_NUM_SEQS=65: {INT} 1..64"),
+    ({"MAX_MODEL_LEN": "327681"}, f"MAX_MODEL_LEN=327681: {CTX_WHY}"),
+    ({"MAX_MODEL_LEN": "1M"}, f"MAX_MODEL_LEN=1M: {INT} 1..999999999"),
+    ({"FORCE_UNSAFE_CTX": "yes"}, "FORCE_UNSAFE_CTX=yes: accepted: 0 | 1"),
+    ({"ENFORCE_EAGER": "true"}, "ENFORCE_EAGER=true: accepted: 0 | 1"),
+    ({"KV_CACHE_MEMORY_BYTES": "5368709120"}, f"KV_CACHE_MEMORY_BYTES=5368709120: {KV_WHY}"),
+    ({"KV_CACHE_MEMORY_BYTES": "4.14GiB"}, f"KV_CACHE_MEMORY_BYTES=4.14GiB: {INT} 1..999999999999"),
+    ({"FORCE_UNSAFE_KV": "2"}, "FORCE_UNSAFE_KV=2: accepted: 0 | 1"),
+    ({"KV_CACHE_DTYPE": "auto"},
+     "KV_CACHE_DTYPE=auto: the KV pin and the context bound hold for 1-byte fp8 KV only; "
+     "accepted: fp8_e4m3 | fp8 | fp8_e5m2"),
+    ({"BLOCK_SIZE": "48"}, "BLOCK_SIZE=48: accepted: 16 | 32 | 64 | 128 | 256"),
+    ({"IMAGE": "vllm/vllm-openai:glm53-flash-arm64-cu130"},
+     f"IMAGE=vllm/vllm-openai:glm53-flash-arm64-cu130: {STOCK_WHY}"),
+    ({"IMAGE": "docker.io/vllm/vllm-openai:latest"},
+     f"IMAGE=docker.io/vllm/vllm-openai:latest: {STOCK_WHY}"),
+    ({"IMAGE": "Bad Image"}, "IMAGE=Bad Image: accepted: a Docker image reference"),
+    ({"BASE_IMAGE": "base;rm"}, "BASE_IMAGE=base;rm: accepted: a Docker image reference"),
+    ({"FORCE_STOCK_IMAGE": "y"}, "FORCE_STOCK_IMAGE=y: accepted: 0 | 1"),
+    ({"MODEL": "GLM-5.3-Flash"},
+     "MODEL=GLM-5.3-Flash: accepted: a Hugging Face repo id (org/name) or an absolute directory"),
+    ({"MODEL_REVISION": "v1.0"}, f"MODEL_REVISION=v1.0: {HEX_PIN} to resolve once and pin"),
+    ({"MODEL": "/models/glm", "MODEL_REVISION": "0" * 40},
+     f"MODEL_REVISION={'0' * 40}: a local MODEL directory has no revision; accepted: empty"),
+    ({"NODES": None},
+     "NODES is unset: set the node addresses, head first (e.g. NODES=\"<head> <worker>\" in "
+     "cluster.env; see cluster.env.example)"),
+    ({"NODES": "192.0.2.1 192.0.2.1"},
+     "NODES=192.0.2.1 192.0.2.1: '192.0.2.1' is listed twice; accepted: distinct addresses"),
+    ({"NODES": "192.0.2.1 user@192.0.2.2"},
+     "NODES=192.0.2.1 user@192.0.2.2: 'user@192.0.2.2' is not a host name or address; "
+     "accepted: addresses separated by spaces or commas, head first"),
+    ({"NODES": "-oProxyCommand=x 192.0.2.2"},
+     "NODES=-oProxyCommand=x 192.0.2.2: '-oProxyCommand=x' is not a host name or address; "
+     "accepted: addresses separated by spaces or commas, head first"),
+    ({"TP": "3"}, f"TP=3: {TP_WHY}"),
+    ({"TP": "0"}, f"TP=0: {TP_WHY}"),
+    ({"PORT": "80"}, f"PORT=80: {INT} 1024..65535"),
+    ({"MASTER_PORT": "70000"}, f"MASTER_PORT=70000: {INT} 1024..65535"),
+    ({"PORT": "29501"}, "MASTER_PORT=29501: equals PORT; accepted: a different port"),
+    ({"IFACE": None},
+     "IFACE is unset: NCCL and Gloo need the node-to-node network interface, the same name on "
+     "every node (see `ip -br addr`; set IFACE in cluster.env)"),
+    ({"IFACE": "a-very-long-interface-name"},
+     "IFACE=a-very-long-interface-name: accepted: a network interface name"),
+    ({"HCA": None},
+     "HCA is unset: NCCL needs the RDMA device of the node-to-node link (see `ibdev2netdev` or "
+     "/sys/class/infiniband; set HCA in cluster.env)"),
+    ({"HCA": "dev 0"}, "HCA=dev 0: accepted: an NCCL_IB_HCA list such as <device>[,<device>]"),
+    ({"HF_CACHE": "cache"}, f"HF_CACHE=cache: {PATH_WHY}"),
+    ({"HF_CACHE": "/a,b"}, f"HF_CACHE=/a,b: {PATH_WHY}"),
+    ({"HF_TOKEN_FILE": "token"}, f"HF_TOKEN_FILE=token: {PATH_WHY}"),
+    ({"EXTRA_ARGS": "--served-model-name 'glm"}, f"EXTRA_ARGS=--served-model-name 'glm: {WORDS_WHY}"),
+    ({"EXTRA_ARGS": "--kv-cache-memory 5000000000"},
+     "EXTRA_ARGS=--kv-cache-memory 5000000000: --kv-cache-memory would override "
+     "--kv-cache-memory-bytes, which the launcher sets from its knobs; accepted: other vllm serve flags"),
+    ({"EXTRA_ARGS": "--max-model-len=1000000"},
+     "EXTRA_ARGS=--max-model-len=1000000: --max-model-len would override --max-model-len, which "
+     "the launcher sets from its knobs; accepted: other vllm serve flags"),
+    ({"SSH": "ssh -o 'BatchMode=yes"}, f"SSH=ssh -o 'BatchMode=yes: {WORDS_WHY}"),
+    ({"SSH": "''"}, "SSH='': accepted: a remote-exec command such as ssh -o BatchMode=yes"),
+    ({"DOCKER_ARGS": '--gpus "all'}, f'DOCKER_ARGS=--gpus "all: {WORDS_WHY}'),
+    ({"READY_TIMEOUT": "5"}, f"READY_TIMEOUT=5: {INT} 10..86400"),
+    ({"POLL_SECONDS": "0"}, f"POLL_SECONDS=0: {INT} 1..60"),
+    ({"DRY_RUN": "yes"}, "DRY_RUN=yes: accepted: 0 | 1"),
+]
+
+
+@pytest.mark.parametrize("settings, message", REFUSALS,
+                         ids=[next(iter(settings)) + "=" + str(next(iter(settings.values())))
+                              for settings, _ in REFUSALS])
+def test_bad_value_is_refused_in_one_line(tmp_path, settings, message):
+    result = run(tmp_path, **settings)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr == f"refused: {message}\n"
+
+
+def test_every_knob_has_a_refusal_case():
+    from tests.unit.test_launcher_readme import default_settings
+
+    free_text = {"EXTRA_ARGS"}  # any shell words are fine; bad quoting is its refusal
+    refused = {name for settings, _ in REFUSALS for name in settings}
+    assert set(default_settings()) - refused - free_text <= {"PINS_FILE"}
+
+
+def test_forcing_lifts_the_context_and_kv_bounds(tmp_path):
+    result = run(tmp_path, MAX_MODEL_LEN=400000, FORCE_UNSAFE_CTX=1,
+                 KV_CACHE_MEMORY_BYTES=5368709120, FORCE_UNSAFE_KV=1)
+    assert result.returncode == 0, result.stderr
+    assert "--max-model-len 400000" in result.stdout
+    assert "--kv-cache-memory-bytes 5368709120" in result.stdout
+
+
+def test_forcing_a_stock_image_is_allowed(tmp_path):
+    result = run(tmp_path, IMAGE="vllm/vllm-openai:latest", FORCE_STOCK_IMAGE=1)
+    assert result.returncode == 0, result.stderr
+
+
+def test_cluster_env_with_an_unknown_name_is_refused(tmp_path):
+    cluster = tmp_path / "cluster.env"
+    cluster.write_text("NODE=192.0.2.1\n")
+    result = run(tmp_path, CLUSTER_ENV=cluster)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == (
+        f"refused: NODE=192.0.2.1: in {cluster}, not a launcher setting; accepted: the names "
+        "in launcher/defaults.env\n")
+
+
+def test_cluster_env_line_that_is_not_a_setting_is_refused(tmp_path):
+    cluster = tmp_path / "cluster.env"
+    cluster.write_text("export NODES=192.0.2.1\n")
+    result = run(tmp_path, CLUSTER_ENV=cluster)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == (
+        f"refused: {cluster} line 1: export NODES=192.0.2.1: accepted: NAME=VALUE lines and # comments\n")
+
+
+def test_a_corrupt_pins_file_is_refused(tmp_path):
+    (tmp_path / "pins.env").write_text("incoai/GLM-5.3-Flash-DFlash2 main\n")
+    result = run(tmp_path)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == (
+        f"refused: PINS_FILE={tmp_path / 'pins.env'}: line 1 reads 'incoai/GLM-5.3-Flash-DFlash2 "
+        "main'; accepted: lines '<repo id> <40-hex commit>'\n")
