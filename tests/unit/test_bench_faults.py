@@ -1,0 +1,110 @@
+"""Injected faults are each detected, named and counted while the other streams are still
+measured; a server restart invalidates its block; any of it makes the exit code non-zero."""
+
+import asyncio
+import json
+from collections import Counter
+
+import httpx
+import pytest
+
+from bench import bench_decode
+from tests.fakes import fake_vllm
+
+PER_STREAM_TRUTH = 100.0   # one token per 10 ms step
+
+
+def _run(fake, tmp_path, *args):
+    out = tmp_path / "result.json"
+    code = bench_decode.main(["--url", fake.url, "--warmup", "0", "--quiet", "--json", str(out),
+                              "--phase", "prose", *args])
+    return code, json.loads(out.read_text())
+
+
+def test_each_fault_is_named_counted_and_the_rest_measured(tmp_path, capsys):
+    # 12 streams in 3 waves of 4; every other arrival gets one fault kind
+    faults = "error_event@1,truncate@3,no_done@5,no_usage@7,http400@9,http500@11"
+    with fake_vllm.spawn("--step-seconds", "0.01", "--ttft-seconds", "0.1",
+                         "--faults", faults) as fake:
+        code, doc = _run(fake, tmp_path, "--concurrency", "4", "--runs", "3",
+                         "--max-tokens", "61")
+    assert code == 1
+    (cell,) = doc["cells"]
+    kinds = Counter(f["kind"] for f in cell["failures"])
+    assert kinds == {"error_event": 1, "truncated": 1, "missing_done": 1, "missing_usage": 1,
+                     "http_400": 1, "http_500": 1}
+    assert cell["failed_streams"] == 6 and cell["measured_streams"] == 6
+    measured = [s for w in doc["waves"] for s in w["streams"] if s["ok"]]
+    assert len(measured) == 6
+    for stream in measured:
+        assert abs(stream["tok_s"] / PER_STREAM_TRUTH - 1) < 0.01
+    for wave in doc["waves"]:   # every wave kept a figure from its healthy streams
+        assert wave["per_stream_tok_s"] is not None
+    details = {f["kind"]: f["detail"] for f in cell["failures"]}
+    assert "injected error event" in details["error_event"]
+    assert "injected server error" in details["http_500"]
+    summary = capsys.readouterr().err
+    assert "6 of 12 streams failed" in summary
+    for kind in kinds:
+        assert f"{kind} x1" in summary
+
+
+def test_restart_between_waves_invalidates_the_block(tmp_path, capsys):
+    with fake_vllm.spawn("--step-seconds", "0.01", "--num-spec-tokens", "3",
+                         "--accept-pattern", "3,1", "--restart-after", "2") as fake:
+        code, doc = _run(fake, tmp_path, "--concurrency", "1", "--runs", "3",
+                         "--max-tokens", "31")
+    assert code == 1
+    (cell,) = doc["cells"]
+    assert cell["invalid"] and cell["restarts"] == 1
+    assert "process_start_time_seconds changed" in cell["invalid_reason"]
+    assert cell["acceptance_length"] is None and cell["spec_decode"] == "invalid"
+    assert cell["measured_streams"] == 3 and cell["failed_streams"] == 0
+    assert [w["restart"] is not None for w in doc["waves"]] == [False, True, False]
+    assert "prose c=1 invalid" in capsys.readouterr().err
+
+
+def test_a_block_without_restart_after_one_with_it_is_valid(tmp_path):
+    """The restart falls in the first block; the second block's counters start afresh."""
+    with fake_vllm.spawn("--step-seconds", "0.01", "--num-spec-tokens", "3",
+                         "--accept-pattern", "3,1", "--restart-after", "1") as fake:
+        code, doc = _run(fake, tmp_path, "--concurrency", "1,2", "--runs", "1",
+                         "--max-tokens", "31")
+    first, second = doc["cells"]
+    assert first["invalid"] and not second["invalid"]
+    assert second["acceptance_length"] == 3.0
+    assert code == 1
+
+
+def test_unreachable_server_fails_closed(capsys):
+    code = bench_decode.main(["--url", "http://127.0.0.1:9", "--quiet"])
+    assert code == 2
+    assert "cannot reach http://127.0.0.1:9/v1/models" in capsys.readouterr().err
+
+
+def test_model_comes_from_the_server_list(tmp_path):
+    log = tmp_path / "requests.jsonl"
+    with fake_vllm.spawn("--served-model-name", "served-name", "--request-log", str(log)) as fake:
+        code, doc = _run(fake, tmp_path, "--runs", "1", "--concurrency", "1", "--max-tokens", "4")
+    assert code == 0
+    assert doc["settings"]["model"] == "served-name"
+    assert json.loads(log.read_text().splitlines()[0])["body"]["model"] == "served-name"
+
+
+def test_several_models_without_model_fails_closed():
+    def answer(request):
+        return httpx.Response(200, json={"data": [{"id": "a"}, {"id": "b"}]})
+
+    async def identify():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+            return await bench_decode._server_identity(client, "http://x", None)
+
+    with pytest.raises(bench_decode.BenchError, match=r"serves 2 models \(a, b\): pass --model"):
+        asyncio.run(identify())
+
+
+def test_bad_options_are_refused_with_the_value(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        bench_decode.main(["--concurrency", "1,zero"])
+    assert exit_info.value.code == 2
+    assert "--concurrency must be comma-separated positive integers" in capsys.readouterr().err

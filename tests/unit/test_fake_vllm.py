@@ -1,0 +1,118 @@
+"""The fake `vllm` executable: started with real vLLM command lines, standard library only,
+clean on SIGTERM, and its programmed truth visible on the wire."""
+
+import ast
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.fakes import fake_vllm
+
+FAKE = Path(fake_vllm.__file__)
+
+
+def _get(url):
+    with urllib.request.urlopen(url, timeout=5) as reply:
+        return reply.status, reply.read().decode()
+
+
+def _post(url, body):
+    request = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as reply:
+        return reply.read().decode()
+
+
+def test_imports_only_the_standard_library():
+    tree = ast.parse(FAKE.read_text())
+    modules = {alias.name.split(".")[0] for node in ast.walk(tree)
+               if isinstance(node, ast.Import) for alias in node.names}
+    modules |= {node.module.split(".")[0] for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and node.level == 0}
+    assert modules - {"__future__"} <= set(sys.stdlib_module_names), modules
+
+
+def test_real_vllm_command_line_is_accepted_and_honoured():
+    spec = json.dumps({"method": "dflash", "model": "/drafts/x", "num_speculative_tokens": 5})
+    with fake_vllm.spawn("--served-model-name", "glm", "--tensor-parallel-size", "2",
+                         "--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1",
+                         "--kv-cache-memory", "4445787956", "--speculative-config", spec,
+                         "--compilation-config", '{"cudagraph_capture_sizes":[1,2,4]}',
+                         "--enforce-eager", "--max-model-len", "327680",
+                         "--distributed-executor-backend", "mp") as fake:
+        assert _get(fake.url + "/health")[0] == 200
+        models = json.loads(_get(fake.url + "/v1/models")[1])
+        assert models["data"][0]["id"] == "glm"
+        assert json.loads(_get(fake.url + "/version")[1]) == {"version": "0.30.0"}
+        _post(fake.url, {"model": "glm", "messages": [{"role": "user", "content": "x"}],
+                         "max_tokens": 13})
+        metrics = _get(fake.url + "/metrics")[1]
+    # 13 tokens = 1 prefill token + two steps each accepting all 5 drafts plus one token
+    assert 'vllm:spec_decode_num_drafts_total{engine="0",model_name="glm"} 2.0' in metrics
+    assert 'position="4"} 2.0' in metrics and "process_start_time_seconds" in metrics
+    assert fake.process.returncode == 0
+
+
+def test_invalid_speculative_config_exits_non_zero_naming_it():
+    result = subprocess.run([sys.executable, str(FAKE), "serve", "m", "--port", "0",
+                             "--speculative-config", "{method: dflash"],
+                            capture_output=True, text=True, timeout=20)
+    assert result.returncode != 0 and "--speculative-config is not valid JSON" in result.stderr
+
+
+def test_headless_rank_serves_nothing_and_stops_cleanly_on_sigterm():
+    process = subprocess.Popen([sys.executable, str(FAKE), "serve", "m", "--headless",
+                                "--port", "0", "--node-rank", "1"], stderr=subprocess.PIPE,
+                               text=True)
+    assert "headless rank" in process.stderr.readline()
+    time.sleep(0.2)
+    assert process.poll() is None
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=10) == 0
+    process.stderr.close()
+
+
+def test_environment_programs_the_fake_and_counters_can_drop_total():
+    env = {"FAKE_VLLM_NUM_SPEC_TOKENS": "2", "FAKE_VLLM_ACCEPT_PATTERN": "1",
+           "FAKE_VLLM_METRICS_WITHOUT_TOTAL": "1", "FAKE_VLLM_START_TIME": "1234.5"}
+    with fake_vllm.spawn(env=env) as fake:
+        _post(fake.url, {"messages": [{"role": "user", "content": "x"}], "max_tokens": 5})
+        metrics = _get(fake.url + "/metrics")[1]
+    assert 'vllm:spec_decode_num_accepted_tokens{engine="0",model_name="fake/model"} 2.0' \
+        in metrics
+    assert "_total" not in metrics and "process_start_time_seconds 1234.500" in metrics
+
+
+def test_stream_follows_the_programmed_schedule_on_absolute_deadlines():
+    """Chunks are due at t0 + ttft + j * step: the last lands on time, not late by the sum of
+    every wake-up's lag."""
+    with fake_vllm.spawn("--step-seconds", "0.01", "--ttft-seconds", "0.05",
+                         "--num-spec-tokens", "3", "--accept-pattern", "3,0") as fake:
+        request = urllib.request.Request(
+            fake.url + "/v1/chat/completions", headers={"content-type": "application/json"},
+            data=json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": 101,
+                             "stream": True, "stream_options": {"include_usage": True,
+                                                                "continuous_usage_stats": True}
+                             }).encode())
+        t0 = time.perf_counter()
+        times, usages, done = [], [], False
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            for raw in reply:
+                line = raw.decode().strip()
+                if line == "data: [DONE]":
+                    done = True
+                elif line.startswith("data: "):
+                    chunk = json.loads(line[6:])
+                    if chunk["choices"] and chunk["usage"]["completion_tokens"]:
+                        times.append(time.perf_counter() - t0)
+                        usages.append(chunk["usage"]["completion_tokens"])
+    assert done and usages[-1] == 101
+    # 1 token, then steps of 4 and 1 tokens: 40 steps carry the other 100
+    assert len(times) == 41 and usages[:4] == [1, 5, 6, 10]
+    assert times[-1] - times[0] == pytest.approx(0.40, abs=0.004)
