@@ -29,7 +29,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the `bench` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import httpx  # noqa: E402
+import aiohttp  # noqa: E402
 
 from bench import prompts, report  # noqa: E402
 from bench.progress import BenchProgress  # noqa: E402
@@ -96,19 +96,28 @@ def _now_iso() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-async def _server_identity(client: httpx.AsyncClient, url: str, model: str | None):
+async def _get_json(session: aiohttp.ClientSession, url: str):
+    """(HTTP status, parsed JSON or None)."""
+    async with session.get(url) as reply:
+        status = reply.status
+        try:
+            return status, await reply.json(content_type=None)
+        except ValueError:
+            return status, None
+
+
+async def _server_identity(session: aiohttp.ClientSession, url: str, model: str | None):
     try:
-        reply = await client.get(url + "/v1/models")
-    except httpx.HTTPError as exc:
+        status, models = await _get_json(session, url + "/v1/models")
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         raise BenchError(f"cannot reach {url}/v1/models ({exc!r}): is the server up? "
                          f"pass --url") from exc
-    if reply.status_code != 200:
-        raise BenchError(f"{url}/v1/models answered HTTP {reply.status_code}: is {url} an "
+    if status != 200:
+        raise BenchError(f"{url}/v1/models answered HTTP {status}: is {url} an "
                          f"OpenAI-compatible server?")
     try:
-        models = reply.json()
         ids = [m["id"] for m in models["data"]]
-    except (ValueError, KeyError, TypeError) as exc:
+    except (KeyError, TypeError) as exc:
         raise BenchError(f"{url}/v1/models did not return an OpenAI model list") from exc
     if model is None:
         if len(ids) != 1:
@@ -117,10 +126,10 @@ async def _server_identity(client: httpx.AsyncClient, url: str, model: str | Non
         model = ids[0]
     version = None
     try:
-        answer = await client.get(url + "/version")
-        if answer.status_code == 200:
-            version = answer.json().get("version")
-    except (httpx.HTTPError, ValueError, AttributeError):
+        status, answer = await _get_json(session, url + "/version")
+        if status == 200 and isinstance(answer, dict):
+            version = answer.get("version")
+    except (aiohttp.ClientError, asyncio.TimeoutError):
         version = None  # /version is a vLLM extra; other servers lack it
     return model, models, version
 
@@ -148,10 +157,10 @@ async def run_bench(opts: argparse.Namespace, progress: BenchProgress) -> dict:
     phases = list(prompts.PHASES) if opts.phase == "both" else [opts.phase]
     url = opts.url.rstrip("/")
     widest = max(opts.concurrency)
-    limits = httpx.Limits(max_connections=widest + 4, max_keepalive_connections=widest + 4)
-    timeout = httpx.Timeout(opts.timeout, connect=10.0)
+    connector = aiohttp.TCPConnector(limit=widest + 4)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10.0, sock_read=opts.timeout)
     cpu0 = time.process_time()
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as client:
         model, models, version = await _server_identity(client, url, opts.model)
         bench_id = secrets.token_hex(4)
         request_template = chat_request(model, [], opts.max_tokens, opts.ignore_eos)

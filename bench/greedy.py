@@ -3,9 +3,11 @@ comparison of two such recordings (identical, a near-tie, or a real difference).
 
 from __future__ import annotations
 
+import asyncio
+import json
 from dataclasses import dataclass
 
-import httpx
+import aiohttp
 
 VERDICT_IDENTICAL = "identical"
 VERDICT_NEAR_TIE = "near_tie"
@@ -44,20 +46,23 @@ def _margin(entry: dict) -> float | None:
     return ranked[0] - ranked[1] if len(ranked) >= 2 else None
 
 
-async def record_greedy(client: httpx.AsyncClient, url: str, model: str, messages: list[dict],
-                        max_tokens: int, cache_salt: str | None = None) -> GreedyOutput:
+async def record_greedy(session: aiohttp.ClientSession, url: str, model: str,
+                        messages: list[dict], max_tokens: int,
+                        cache_salt: str | None = None) -> GreedyOutput:
+    body = greedy_request(model, messages, max_tokens, cache_salt)
     try:
-        reply = await client.post(url + "/v1/chat/completions",
-                                  json=greedy_request(model, messages, max_tokens, cache_salt))
-    except httpx.HTTPError as exc:
+        async with session.post(url + "/v1/chat/completions", json=body) as reply:
+            status, raw = reply.status, await reply.read()
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         raise ReceiptError(f"POST {url}/v1/chat/completions failed ({exc!r}): is it up?") from exc
-    if reply.status_code != 200:
-        raise ReceiptError(f"{url}/v1/chat/completions answered HTTP {reply.status_code}: "
-                           f"{reply.text[:200]}")
+    if status != 200:
+        raise ReceiptError(f"{url}/v1/chat/completions answered HTTP {status}: "
+                           f"{raw[:200].decode('utf-8', 'replace')}")
     try:
-        choice = reply.json()["choices"][0]
+        answer = json.loads(raw)
+        choice = answer["choices"][0]
         entries = choice["logprobs"]["content"]
-        usage = reply.json().get("usage") or {}
+        usage = answer.get("usage") or {}
     except (ValueError, KeyError, IndexError, TypeError) as exc:
         raise ReceiptError(f"{url} returned no logprobs.content: the server must support "
                            f"logprobs with top_logprobs") from exc

@@ -29,7 +29,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the `bench` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import httpx  # noqa: E402
+import aiohttp  # noqa: E402
 
 from bench.greedy import (  # noqa: E402
     VERDICT_IDENTICAL, VERDICT_NEAR_TIE, Comparison, ReceiptError, compare_outputs,
@@ -63,13 +63,13 @@ def load_prompts(path: str | None) -> list[str]:
     return found
 
 
-async def _model_of(client: httpx.AsyncClient, url: str, model: str | None) -> str:
+async def _model_of(session: aiohttp.ClientSession, url: str, model: str | None) -> str:
     if model:
         return model
     try:
-        reply = await client.get(url + "/v1/models")
-        ids = [m["id"] for m in reply.json()["data"]]
-    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        async with session.get(url + "/v1/models") as reply:
+            ids = [m["id"] for m in (await reply.json(content_type=None))["data"]]
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, TypeError) as exc:
         raise ReceiptError(f"cannot read the model list at {url}/v1/models ({exc!r}): is the "
                            f"server up? pass --model to skip") from exc
     if len(ids) != 1:
@@ -173,9 +173,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"server URL must start with http:// or https://, got {url!r}")
 
     async def take() -> tuple[list[Comparison], list[str]]:
-        limits = httpx.Limits(max_connections=64)
-        async with httpx.AsyncClient(timeout=httpx.Timeout(opts.timeout, connect=10.0),
-                                     limits=limits) as client:
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10.0, sock_read=opts.timeout)
+        async with aiohttp.ClientSession(timeout=timeout) as client:
             return await RECEIPTS[opts.receipt](client, opts, prompts)
 
     try:

@@ -3,9 +3,10 @@ acceptance figures derived from them."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
-import httpx
+import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 DRAFTS = "vllm:spec_decode_num_drafts"
@@ -67,17 +68,17 @@ def parse_metrics(text: str) -> MetricsSnapshot:
     return snapshot
 
 
-async def fetch_metrics(client: httpx.AsyncClient, url: str) -> MetricsSnapshot:
+async def fetch_metrics(session: aiohttp.ClientSession, url: str) -> MetricsSnapshot:
     try:
-        reply = await client.get(url + "/metrics")
-    except httpx.HTTPError as exc:
+        async with session.get(url + "/metrics") as reply:
+            status, text = reply.status, await reply.text()
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         return MetricsSnapshot(reachable=False, error=f"GET {url}/metrics failed: {exc!r}")
-    if reply.status_code == 404:
+    if status == 404:
         return MetricsSnapshot(reachable=False, error=None)  # not a vLLM-style server: no counters
-    if reply.status_code != 200:
-        return MetricsSnapshot(reachable=False,
-                               error=f"GET {url}/metrics answered HTTP {reply.status_code}")
-    return parse_metrics(reply.text)
+    if status != 200:
+        return MetricsSnapshot(reachable=False, error=f"GET {url}/metrics answered HTTP {status}")
+    return parse_metrics(text)
 
 
 def restart_between(before: MetricsSnapshot, after: MetricsSnapshot) -> str | None:

@@ -3,11 +3,12 @@ what went wrong with it, if anything."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import dataclass, field
 
-import httpx
+import aiohttp
 
 # how tokens per chunk were counted (the `method` of a result)
 METHOD_CONTINUOUS_USAGE = "continuous_usage"
@@ -180,37 +181,40 @@ def _finish(record: StreamRecord, parse: _StreamParse, t_sent: float) -> StreamR
     return record
 
 
-async def run_stream(client: httpx.AsyncClient, url: str, body: dict, stream: int,
+async def run_stream(session: aiohttp.ClientSession, url: str, body: dict, stream: int,
                      prefix: str, wave_t0: float, tally: Tally) -> StreamRecord:
     """Send one streamed request and return its record; never raises for server faults."""
-    record = await _send(client, url, body, StreamRecord(stream=stream, prefix=prefix),
+    record = await _send(session, url, body, StreamRecord(stream=stream, prefix=prefix),
                          wave_t0, tally)
     tally.finished += 1
     tally.failed += 0 if record.ok else 1
     return record
 
 
-async def _send(client: httpx.AsyncClient, url: str, body: dict, record: StreamRecord,
+async def _send(session: aiohttp.ClientSession, url: str, body: dict, record: StreamRecord,
                 wave_t0: float, tally: Tally) -> StreamRecord:
     parse = _StreamParse(record, wave_t0, tally)
     clock = time.perf_counter
     t_sent = clock()
     try:
-        async with client.stream("POST", url + "/v1/chat/completions", json=body) as reply:
-            record.http_status = reply.status_code
-            if reply.status_code != 200:
-                raw = await reply.aread()
+        async with session.post(url + "/v1/chat/completions", json=body) as reply:
+            record.http_status = reply.status
+            if reply.status != 200:
+                raw = await reply.read()
                 try:
                     message = _error_message(json.loads(raw))
                 except ValueError:
                     message = raw[:300].decode("utf-8", "replace")
-                return _fail(record, f"http_{reply.status_code}", message)
-            async for line in reply.aiter_lines():
-                parse.line(line, clock())
-    except httpx.TimeoutException as exc:
-        return _fail(record, "timeout", f"{type(exc).__name__} after {clock() - t_sent:.1f}s")
-    except httpx.ConnectError as exc:
+                return _fail(record, f"http_{reply.status}", message)
+            async for raw_line in reply.content:
+                parse.line(raw_line.decode("utf-8", "replace"), clock())
+    except asyncio.TimeoutError:
+        return _fail(record, "timeout", f"no bytes for too long, after {clock() - t_sent:.1f}s")
+    except aiohttp.ClientConnectorError as exc:
         return _fail(record, "connect_error", str(exc) or type(exc).__name__)
-    except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
+    except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError,
+            aiohttp.ClientOSError) as exc:
         return _fail(record, "truncated", f"connection broke mid-stream ({exc})")
+    except ValueError as exc:   # aiohttp refuses an over-long line
+        return _fail(record, "bad_chunk", str(exc))
     return _finish(record, parse, t_sent)

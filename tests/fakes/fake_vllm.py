@@ -10,8 +10,8 @@ Run it like vLLM:
 
 Flags it does not know are ignored. Of vLLM's own flags it honours `--host` (default
 127.0.0.1, loopback unlike vLLM), `--port` (default 8000; 0 picks a free one),
-`--served-model-name`, `--model`, `--headless` (serve no HTTP, stay alive until SIGTERM)
-and `--speculative-config` (its `num_speculative_tokens` turns drafting on; invalid JSON
+`--served-model-name` (each name listed by /v1/models), `--model`, `--headless` (serve
+no HTTP, stay alive until SIGTERM) and `--speculative-config` (its `num_speculative_tokens` turns drafting on; invalid JSON
 exits 1, as vLLM would). SIGTERM or SIGINT ends it cleanly with exit code 0 in every mode.
 Once listening it prints one line `fake-vllm listening on http://HOST:PORT` to stdout.
 
@@ -171,6 +171,7 @@ class Program:
 
     model: str
     served_name: str
+    served_names: list[str]
     step_s: float
     ttft_s: float
     num_spec: int
@@ -217,6 +218,7 @@ def program_from_args(args: argparse.Namespace) -> Program:
     return Program(
         model=model,
         served_name=(args.served_model_name or [model])[0],
+        served_names=list(args.served_model_name or [model]),
         step_s=args.step_seconds,
         ttft_s=args.ttft_seconds,
         num_spec=num_spec,
@@ -627,9 +629,9 @@ class FakeServer:
             writer.write(_json_response(200, {"version": program.version}))
         elif method == "GET" and path == "/v1/models":
             writer.write(_json_response(200, {"object": "list", "data": [{
-                "id": program.served_name, "object": "model", "created": self.state.created,
+                "id": name, "object": "model", "created": self.state.created,
                 "owned_by": "vllm", "root": program.model, "parent": None,
-                "max_model_len": 327680}]}))
+                "max_model_len": 327680} for name in program.served_names]}))
         elif method == "GET" and path == "/metrics":
             writer.write(_response(200, self.state.metrics_text().encode(),
                                    "text/plain; version=0.0.4; charset=utf-8"))
