@@ -1,0 +1,169 @@
+"""Every rank's `vllm serve` argv that DRY_RUN prints parses with vLLM 0.30.0's own parser.
+
+The parser runs in one subprocess (CPU platform, as REFERENCE.md describes) so that
+platform set-up does not leak into other tests; the parsed values must equal what each
+knob intends: speculative config, capture sizes, KV bytes, context, eager, multi-node.
+"""
+
+import json
+import subprocess
+import sys
+from importlib import metadata
+
+import pytest
+
+from tests.unit.test_launcher_support import DRAFTER_PIN, MODEL_PIN, NODES, dry_run, serve_commands, vllm_argv
+
+MODEL = "nvidia/GLM-5.3-Flash-FP4-Local"
+PINNED = {"MODEL_REVISION": MODEL_PIN, "DRAFTER_REVISION": DRAFTER_PIN}
+INCOAI_DIR = f"/root/.cache/huggingface/glm53-drafters/incoai-{DRAFTER_PIN}"
+G_DIR = f"/root/.cache/huggingface/glm53-drafters/dflash2-g-{DRAFTER_PIN}"
+
+# vLLM's CLI imports transformers, whose image utilities import torchvision; a CPU-only
+# torch 2.13.0 beside PyPI's torchvision 0.28.0 fails there (REFERENCE.md), so those
+# packages are hidden: the argument parser needs none of them.
+PARSE_PROBE = r"""
+import importlib.util, json, sys
+_HIDDEN = ("torchvision", "torchaudio", "torchcodec")
+_find_spec = importlib.util.find_spec
+def _visible_find_spec(name, package=None):
+    return None if name.split(".")[0] in _HIDDEN else _find_spec(name, package)
+importlib.util.find_spec = _visible_find_spec
+class _Hide:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name.split(".")[0] in _HIDDEN:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+sys.meta_path.insert(0, _Hide)
+
+import vllm.platforms
+from vllm.platforms.cpu import CpuPlatform
+vllm.platforms._current_platform = CpuPlatform()
+from vllm.entrypoints.cli.serve import ServeSubcommand
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+FIELDS = ("model_tag", "revision", "port", "tensor_parallel_size", "max_model_len",
+          "max_num_seqs", "kv_cache_dtype", "kv_cache_memory_bytes", "block_size",
+          "speculative_config", "enforce_eager", "nnodes", "node_rank", "master_addr",
+          "master_port", "distributed_executor_backend", "headless", "served_model_name",
+          "override_generation_config")
+
+def capture_sizes(config):
+    if config is None:
+        return None
+    if isinstance(config, dict):
+        return config.get("cudagraph_capture_sizes")
+    return config.cudagraph_capture_sizes
+
+results = []
+for argv in json.load(sys.stdin):
+    parser = FlexibleArgumentParser()
+    ServeSubcommand().subparser_init(parser.add_subparsers())
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:
+        results.append({"error": exit_.code})
+        continue
+    parsed = {field: getattr(args, field) for field in FIELDS}
+    parsed["cudagraph_capture_sizes"] = capture_sizes(args.compilation_config)
+    results.append(parsed)
+
+def literal_values(literal):
+    from typing import get_args
+    values = []
+    for arg in get_args(literal):
+        values += literal_values(arg) if get_args(arg) else [arg]
+    return values
+
+from vllm.config.speculative import SpeculativeMethod
+results.append({"methods": literal_values(SpeculativeMethod)})
+print(json.dumps(results, default=str))
+"""
+
+SCENARIOS = {
+    "defaults": ({}, 2),
+    "spec-mtp": ({"SPEC": "mtp"}, 2),
+    "spec-off": ({"SPEC": "off"}, 2),
+    "eager": ({"ENFORCE_EAGER": 1}, 2),
+    "k7-2seqs": ({"NUM_SPECULATIVE_TOKENS": 7, "MAX_NUM_SEQS": 2}, 2),
+    "3-nodes": ({}, 3),
+    "4-nodes": ({}, 4),
+    "dflash2-g": ({"DRAFTER": "dflash2-g"}, 2),
+    "block-64-tp4": ({"BLOCK_SIZE": 64, "TP": 4}, 2),
+    "extra-args": ({"EXTRA_ARGS": """--served-model-name "glm 5.3" """
+                                  """--override-generation-config '{"temperature": 0.6, "note": "it'\\''s"}'"""}, 2),
+}
+
+BASE = {"model_tag": MODEL, "revision": MODEL_PIN, "max_model_len": 327680,
+        "max_num_seqs": 4, "kv_cache_dtype": "fp8_e4m3", "kv_cache_memory_bytes": 4445787956,
+        "block_size": None, "enforce_eager": False, "cudagraph_capture_sizes": [1, 2, 4, 6, 12, 18, 24],
+        "speculative_config": {"method": "dflash", "model": INCOAI_DIR, "num_speculative_tokens": 5},
+        "served_model_name": None, "override_generation_config": {}}
+
+CHANGES = {
+    "defaults": {},
+    "spec-mtp": {"speculative_config": {"method": "mtp", "num_speculative_tokens": 4},
+                 "cudagraph_capture_sizes": [1, 2, 4, 5, 10, 15, 20]},
+    "spec-off": {"speculative_config": None, "cudagraph_capture_sizes": [1, 2, 3, 4]},
+    "eager": {"enforce_eager": True, "cudagraph_capture_sizes": None},
+    "k7-2seqs": {"max_num_seqs": 2, "cudagraph_capture_sizes": [1, 2, 4, 8, 16],
+                 "speculative_config": {"method": "dflash", "model": INCOAI_DIR,
+                                        "num_speculative_tokens": 7}},
+    "3-nodes": {},
+    "4-nodes": {},
+    "dflash2-g": {"speculative_config": {"method": "dflash", "model": G_DIR,
+                                         "num_speculative_tokens": 5}},
+    "block-64-tp4": {"block_size": 64},
+    "extra-args": {"served_model_name": ["glm 5.3"],
+                   "override_generation_config": {"temperature": 0.6, "note": "it's"}},
+}
+
+
+def intended(scenario, rank, nodes):
+    expected = {**BASE, **CHANGES[scenario]}
+    expected["tensor_parallel_size"] = 4 if scenario == "block-64-tp4" else nodes
+    expected["port"] = 8000  # rank 0 sets it; the rest keep vLLM's default, also 8000
+    expected.update(nnodes=nodes, node_rank=rank, master_addr=NODES[0], master_port=29501,
+                    distributed_executor_backend="mp", headless=rank > 0)
+    return expected
+
+
+@pytest.fixture(scope="module")
+def parsed(tmp_path_factory):
+    """scenario -> rank -> what vLLM 0.30.0's parser made of that rank's argv."""
+    assert metadata.version("vllm") == "0.30.0"
+    argvs, keys = [], []
+    for scenario, (settings, nodes) in SCENARIOS.items():
+        stdout = dry_run(tmp_path_factory.mktemp(scenario), nodes=nodes, **PINNED, **settings)
+        for rank, (_, docker_argv) in sorted(serve_commands(stdout).items()):
+            argvs.append(vllm_argv(docker_argv))
+            keys.append((scenario, rank))
+    argvs.append(["serve", MODEL, "--no-such-flag"])  # control: the parser does refuse
+    result = subprocess.run([sys.executable, "-c", PARSE_PROBE], input=json.dumps(argvs),
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads(result.stdout.splitlines()[-1])
+    methods = results.pop()["methods"]
+    assert results[-1] == {"error": 2}
+    table = {"methods": methods}
+    for (scenario, rank), values in zip(keys, results[:-1]):
+        table.setdefault(scenario, {})[rank] = values
+    return table
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_each_rank_parses_to_the_intended_values(parsed, scenario):
+    nodes = SCENARIOS[scenario][1]
+    assert sorted(parsed[scenario]) == list(range(nodes))
+    for rank, values in parsed[scenario].items():
+        assert "error" not in values, f"rank {rank} refused by vllm's parser"
+        assert values == intended(scenario, rank, nodes), f"rank {rank}"
+
+
+def test_speculative_methods_are_ones_vllm_0_30_0_accepts(parsed):
+    # DFlash2 keeps method "dflash" (chosen by the draft's architecture); the MTP head is "mtp".
+    assert {"dflash", "mtp"} <= set(parsed["methods"])
+    used = {values["speculative_config"]["method"] for scenario in SCENARIOS
+            for values in parsed[scenario].values() if values["speculative_config"]}
+    assert used == {"dflash", "mtp"}
