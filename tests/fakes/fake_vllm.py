@@ -53,7 +53,10 @@ beside it (the command-line option wins).
   --version-string V      FAKE_VLLM_VERSION          GET /version answer; default 0.30.0
   --request-log FILE      FAKE_VLLM_REQUEST_LOG      append each chat request as a JSON line:
                                                       {"arrival": N, "arrival_monotonic": t0,
-                                                      "body": {...}} (t0 in time.monotonic())
+                                                      "body": {...}} (t0 in time.monotonic()),
+                                                      and at the end of each stream
+                                                      {"delivered": N, "first_chunk_monotonic",
+                                                      "last_chunk_monotonic", "decode_tokens"}
   --startup-seconds S     FAKE_VLLM_STARTUP_SECONDS  wait before listening (boot time); default 0
 
 Truth it follows: a chat request arriving at t0 gets its first chunk (with
@@ -494,7 +497,7 @@ class ChatHandler:
             plan = plan_chunks(program, max_tokens)
             text = "".join(token_text(s.emitted) for s in steps)
             if body.get("stream"):
-                keep = await self._stream(body, steps, plan, t0, fault, writer)
+                keep = await self._stream(body, steps, plan, t0, fault, writer, number)
             else:
                 keep = await self._whole(body, steps, plan, t0, writer)
             if not body.get("cache_salt"):
@@ -533,7 +536,7 @@ class ChatHandler:
         }))
         return True
 
-    async def _stream(self, body, steps, plan, t0, fault, writer) -> bool:
+    async def _stream(self, body, steps, plan, t0, fault, writer, number) -> bool:
         program, state = self.state.program, self.state
         options = body.get("stream_options") or {}
         include_usage = bool(options.get("include_usage")) and fault != "no_usage"
@@ -549,7 +552,7 @@ class ChatHandler:
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
                      b"transfer-encoding: chunked\r\n\r\n")
         cut_at = len(plan.chunk_tokens) // 2 if fault in ("error_event", "truncate") else None
-        sent = 0
+        sent, written = 0, []
         for index, (n_tokens, accepted) in enumerate(zip(plan.chunk_tokens, plan.chunk_accepted)):
             await self._sleep_until(t0 + program.ttft_s + index * program.step_s)
             if index == cut_at:
@@ -582,8 +585,10 @@ class ChatHandler:
                 event += f',"usage":{json.dumps(self._usage(prompt_tokens, sent))}'
             events.append(event + "}")
             writer.write(b"".join(_chunk(f"data: {e}\n\n") for e in events))
+            written.append(asyncio.get_running_loop().time())
             if writer.transport.get_write_buffer_size() > 1 << 16:
                 await writer.drain()
+        self._log_delivery(number, written, plan)
         tail = []
         if include_usage:
             tail.append(head + f'],"usage":{json.dumps(self._usage(prompt_tokens, sent))}}}')
@@ -592,6 +597,15 @@ class ChatHandler:
             out += _chunk("data: [DONE]\n\n")
         writer.write(out + b"0\r\n\r\n")
         return True
+
+
+    def _log_delivery(self, number: int, written: list[float], plan: Plan) -> None:
+        """What was really sent and when, so a starved fake cannot pass for a slow client."""
+        if self.state.program.request_log and len(written) > 1:
+            with open(self.state.program.request_log, "a", encoding="utf-8") as log:
+                log.write(json.dumps({"delivered": number, "first_chunk_monotonic": written[0],
+                                      "last_chunk_monotonic": written[-1],
+                                      "decode_tokens": sum(plan.chunk_tokens[1:])}) + "\n")
 
 
 def _prompt_tokens(body: dict) -> int:
