@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from recipekit.drafters import catalog  # noqa: E402  (needs the path above)
+from recipekit.drafters import catalog
 
 # Published layer shapes (REFERENCE.md drafter table): (layers, attention, native window).
 _PUBLISHED_SHAPES = {

@@ -8,8 +8,19 @@ import stat
 import pytest
 
 from tests.unit.test_launcher_support import (
-    DRAFTER_PIN, FAKE_SSH, HOME, MODEL_PIN, NODES, REPO, dry_run, node_commands, run,
-    sealed_bin, serve_commands, startup_line, vllm_argv,
+    DRAFTER_PIN,
+    FAKE_SSH,
+    HOME,
+    MODEL_PIN,
+    NODES,
+    REPO,
+    dry_run,
+    node_commands,
+    run,
+    sealed_bin,
+    serve_commands,
+    startup_line,
+    vllm_argv,
 )
 
 # The whole DRY_RUN of `NODES="192.0.2.1 192.0.2.2" IFACE=ifx0 HCA=hca0 DRY_RUN=1 ./run.sh`
@@ -154,7 +165,8 @@ def test_enforce_eager_replaces_the_capture_sizes(tmp_path):
 def test_k7_with_2_seqs_captures_sorted_unique_sizes(tmp_path):
     stdout = dry_run(tmp_path, NUM_SPECULATIVE_TOKENS=7, MAX_NUM_SEQS=2, **PINNED)
     ranks = serve_commands(stdout)
-    for rank, (_, argv) in ranks.items():
+    assert sorted(ranks) == [0, 1]
+    for _, argv in ranks.values():
         words = vllm_argv(argv)
         assert words[words.index("--max-num-seqs") + 1] == "2"
         assert words[words.index("--speculative-config") + 1] == dflash(7)[1]

@@ -10,7 +10,13 @@ import stat
 import time
 
 from tests.unit.test_launcher_support import (
-    DRAFTER_PIN, FAKE_SSH, MODEL_PIN, NODES, REPO, run, sealed_bin,
+    DRAFTER_PIN,
+    FAKE_SSH,
+    MODEL_PIN,
+    NODES,
+    REPO,
+    run,
+    sealed_bin,
 )
 
 HEAD, WORKER = NODES[0], NODES[1]
@@ -45,9 +51,9 @@ def make_cluster(tmp_path, head_images=None, worker_images=None, running=()):
 
 
 def serve(tmp_path, state, **settings):
-    defaults = dict(DRY_RUN=0, SSH=str(FAKE_SSH), FAKE_DOCKER_STATE=state,
-                    HF_CACHE=tmp_path / "hf", POLL_SECONDS=1, MODEL_REVISION=MODEL_PIN,
-                    DRAFTER_REVISION=DRAFTER_PIN)
+    defaults = {"DRY_RUN": 0, "SSH": str(FAKE_SSH), "FAKE_DOCKER_STATE": state,
+                "HF_CACHE": tmp_path / "hf", "POLL_SECONDS": 1, "MODEL_REVISION": MODEL_PIN,
+                "DRAFTER_REVISION": DRAFTER_PIN}
     return run(tmp_path, **{**defaults, **settings})
 
 

@@ -48,8 +48,8 @@ REFUSALS = [
     ({"KV_CACHE_MEMORY_BYTES": "4.14GiB"}, f"KV_CACHE_MEMORY_BYTES=4.14GiB: {INT} 1..999999999999"),
     ({"FORCE_UNSAFE_KV": "2"}, "FORCE_UNSAFE_KV=2: accepted: 0 | 1"),
     ({"KV_CACHE_DTYPE": "auto"},
-     "KV_CACHE_DTYPE=auto: the KV pin and the context bound hold for 1-byte fp8 KV only; "
-     "accepted: fp8_e4m3 | fp8 | fp8_e5m2"),
+     ("KV_CACHE_DTYPE=auto: the KV pin and the context bound hold for 1-byte fp8 KV only; "
+      "accepted: fp8_e4m3 | fp8 | fp8_e5m2")),
     ({"BLOCK_SIZE": "48"}, "BLOCK_SIZE=48: accepted: 16 | 32 | 64 | 128 | 256"),
     ({"IMAGE": "vllm/vllm-openai:glm53-flash-arm64-cu130"},
      f"IMAGE=vllm/vllm-openai:glm53-flash-arm64-cu130: {STOCK_WHY}"),
@@ -64,40 +64,40 @@ REFUSALS = [
     ({"MODEL": "/models/glm", "MODEL_REVISION": "0" * 40},
      f"MODEL_REVISION={'0' * 40}: a local MODEL directory has no revision; accepted: empty"),
     ({"NODES": None},
-     "NODES is unset: set the node addresses, head first (e.g. NODES=\"<head> <worker>\" in "
-     "cluster.env; see cluster.env.example)"),
+     ("NODES is unset: set the node addresses, head first (e.g. NODES=\"<head> <worker>\" in "
+      "cluster.env; see cluster.env.example)")),
     ({"NODES": "192.0.2.1 192.0.2.1"},
      "NODES=192.0.2.1 192.0.2.1: '192.0.2.1' is listed twice; accepted: distinct addresses"),
     ({"NODES": "192.0.2.1 user@192.0.2.2"},
-     "NODES=192.0.2.1 user@192.0.2.2: 'user@192.0.2.2' is not a host name or address; "
-     "accepted: addresses separated by spaces or commas, head first"),
+     ("NODES=192.0.2.1 user@192.0.2.2: 'user@192.0.2.2' is not a host name or address; "
+      "accepted: addresses separated by spaces or commas, head first")),
     ({"NODES": "-oProxyCommand=x 192.0.2.2"},
-     "NODES=-oProxyCommand=x 192.0.2.2: '-oProxyCommand=x' is not a host name or address; "
-     "accepted: addresses separated by spaces or commas, head first"),
+     ("NODES=-oProxyCommand=x 192.0.2.2: '-oProxyCommand=x' is not a host name or address; "
+      "accepted: addresses separated by spaces or commas, head first")),
     ({"TP": "3"}, f"TP=3: {TP_WHY}"),
     ({"TP": "0"}, f"TP=0: {TP_WHY}"),
     ({"PORT": "80"}, f"PORT=80: {INT} 1024..65535"),
     ({"MASTER_PORT": "70000"}, f"MASTER_PORT=70000: {INT} 1024..65535"),
     ({"PORT": "29501"}, "MASTER_PORT=29501: equals PORT; accepted: a different port"),
     ({"IFACE": None},
-     "IFACE is unset: NCCL and Gloo need the node-to-node network interface, the same name on "
-     "every node (see `ip -br addr`; set IFACE in cluster.env)"),
+     ("IFACE is unset: NCCL and Gloo need the node-to-node network interface, the same name on "
+      "every node (see `ip -br addr`; set IFACE in cluster.env)")),
     ({"IFACE": "a-very-long-interface-name"},
      "IFACE=a-very-long-interface-name: accepted: a network interface name"),
     ({"HCA": None},
-     "HCA is unset: NCCL needs the RDMA device of the node-to-node link (see `ibdev2netdev` or "
-     "/sys/class/infiniband; set HCA in cluster.env)"),
+     ("HCA is unset: NCCL needs the RDMA device of the node-to-node link (see `ibdev2netdev` or "
+      "/sys/class/infiniband; set HCA in cluster.env)")),
     ({"HCA": "dev 0"}, "HCA=dev 0: accepted: an NCCL_IB_HCA list such as <device>[,<device>]"),
     ({"HF_CACHE": "cache"}, f"HF_CACHE=cache: {PATH_WHY}"),
     ({"HF_CACHE": "/a,b"}, f"HF_CACHE=/a,b: {PATH_WHY}"),
     ({"HF_TOKEN_FILE": "token"}, f"HF_TOKEN_FILE=token: {PATH_WHY}"),
     ({"EXTRA_ARGS": "--served-model-name 'glm"}, f"EXTRA_ARGS=--served-model-name 'glm: {WORDS_WHY}"),
     ({"EXTRA_ARGS": "--kv-cache-memory 5000000000"},
-     "EXTRA_ARGS=--kv-cache-memory 5000000000: --kv-cache-memory would override "
-     "--kv-cache-memory-bytes, which the launcher sets from its knobs; accepted: other vllm serve flags"),
+     ("EXTRA_ARGS=--kv-cache-memory 5000000000: --kv-cache-memory would override "
+      "--kv-cache-memory-bytes, which the launcher sets from its knobs; accepted: other vllm serve flags")),
     ({"EXTRA_ARGS": "--max-model-len=1000000"},
-     "EXTRA_ARGS=--max-model-len=1000000: --max-model-len would override --max-model-len, which "
-     "the launcher sets from its knobs; accepted: other vllm serve flags"),
+     ("EXTRA_ARGS=--max-model-len=1000000: --max-model-len would override --max-model-len, which "
+      "the launcher sets from its knobs; accepted: other vllm serve flags")),
     ({"SSH": "ssh -o 'BatchMode=yes"}, f"SSH=ssh -o 'BatchMode=yes: {WORDS_WHY}"),
     ({"SSH": "''"}, "SSH='': accepted: a remote-exec command such as ssh -o BatchMode=yes"),
     ({"DOCKER_ARGS": '--gpus "all'}, f'DOCKER_ARGS=--gpus "all: {WORDS_WHY}'),

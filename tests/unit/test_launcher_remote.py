@@ -48,5 +48,5 @@ def test_scripts_are_shellcheck_clean():
     scripts = [REPO / "run.sh", REPO / "stop.sh", REPO / "tests" / "fakes" / "fake-ssh",
                *sorted((REPO / "launcher" / "lib").glob("*.sh"))]
     result = subprocess.run([shellcheck, "--external-sources", *map(str, scripts)],
-                            cwd=REPO, capture_output=True, text=True, timeout=120)
+                            cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
