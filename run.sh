@@ -31,6 +31,7 @@ dry_run() {
   startup_line "${DRAFTER_PHRASE}"
   printf '# glm53: %s\n' "${REPLY}"
   show_running_check
+  show_prepare_nodes
   show_images
   show_pins_and_drafter
   show_ranks
@@ -39,11 +40,8 @@ dry_run() {
 serve() {
   command -v docker >/dev/null || die "docker is not installed on the head"
   command -v curl >/dev/null || die "curl is not installed on the head (the readiness wait polls the API with it)"
-  if [[ -n ${HF_TOKEN_FILE} && ! -r ${HF_TOKEN_FILE} ]]; then
-    refuse HF_TOKEN_FILE "${HF_TOKEN_FILE}" "not a readable file on the head; accepted: the token file (e.g. ~/.cache/huggingface/token), or empty"
-  fi
-  mkdir -p "${HF_CACHE}"
   check_no_running_ranks
+  prepare_nodes
   ensure_images
   settle_pins 1
   prepare_drafter_everywhere

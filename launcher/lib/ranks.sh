@@ -37,6 +37,27 @@ check_no_running_ranks() {
   stop_all_ranks
 }
 
+# Every node needs the cache directory (a bind mount's source must exist) and, when set,
+# the token file at the same path.
+prepare_nodes() {
+  local index
+  for index in "${!NODE_LIST[@]}"; do
+    on_node "${index}" mkdir -p "${HF_CACHE}" || die "cannot create HF_CACHE=${HF_CACHE} on ${NODE_LIST[index]}"
+    if [[ -n ${HF_TOKEN_FILE} ]] && ! on_node "${index}" test -r "${HF_TOKEN_FILE}"; then
+      refuse HF_TOKEN_FILE "${HF_TOKEN_FILE}" "not a readable file on ${NODE_LIST[index]}; accepted: the token file at this path on every node, or empty"
+    fi
+  done
+}
+
+show_prepare_nodes() {
+  local index
+  printf '# every node: the cache directory%s\n' "${HF_TOKEN_FILE:+ and a readable token file}"
+  for index in "${!NODE_LIST[@]}"; do
+    show_on_node "${index}" mkdir -p "${HF_CACHE}"
+    [[ -z ${HF_TOKEN_FILE} ]] || show_on_node "${index}" test -r "${HF_TOKEN_FILE}"
+  done
+}
+
 start_ranks() {
   local index
   RANKS_STARTED=1

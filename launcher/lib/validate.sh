@@ -189,7 +189,7 @@ validate_extra_words() {
 
 validate_run_control() {
   require_flag DRY_RUN
-  require_int_in READY_TIMEOUT 10 86400
+  require_int_in READY_TIMEOUT 1 86400
   require_int_in POLL_SECONDS 1 60
 }
 

@@ -33,6 +33,9 @@ docker ps --all --quiet --filter label=glm53.launcher=serve
 docker rm --force '<listed-ids>'
 ssh -o BatchMode=yes 192.0.2.2 'docker ps --all --quiet --filter label=glm53.launcher=serve'
 ssh -o BatchMode=yes 192.0.2.2 'docker rm --force '\''<listed-ids>'\'''
+# every node: the cache directory
+mkdir -p /home/user/.cache/huggingface
+ssh -o BatchMode=yes 192.0.2.2 'mkdir -p /home/user/.cache/huggingface'
 # image: glm53-sm121-v11 must exist on the head (built by scripts/build.sh from glm53-sm121-v8 when missing) and have the head's ID on every worker (streamed when missing)
 docker image inspect --format '{{.Id}}' glm53-sm121-v11
 # only when glm53-sm121-v11 is missing on the head:

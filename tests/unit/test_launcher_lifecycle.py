@@ -170,3 +170,12 @@ def test_the_token_reaches_containers_only_as_a_read_only_file(tmp_path):
     for call in started(state):
         assert f"type=bind,src={token},dst=/run/secrets/hf_token,readonly" in call["argv"]
         assert "hf_SECRETVALUE" not in json.dumps(call)
+
+
+def test_no_answer_within_ready_timeout_stops_every_rank(tmp_path):
+    state = make_cluster(tmp_path)
+    result = serve(tmp_path, state, SPEC="off", READY_TIMEOUT=2)
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[-1] == (
+        "glm53: the API did not answer within READY_TIMEOUT=2 s; every rank was stopped")
+    assert containers(state, "head") == {} and containers(state, WORKER) == {}

@@ -101,7 +101,7 @@ REFUSALS = [
     ({"SSH": "ssh -o 'BatchMode=yes"}, f"SSH=ssh -o 'BatchMode=yes: {WORDS_WHY}"),
     ({"SSH": "''"}, "SSH='': accepted: a remote-exec command such as ssh -o BatchMode=yes"),
     ({"DOCKER_ARGS": '--gpus "all'}, f'DOCKER_ARGS=--gpus "all: {WORDS_WHY}'),
-    ({"READY_TIMEOUT": "5"}, f"READY_TIMEOUT=5: {INT} 10..86400"),
+    ({"READY_TIMEOUT": "0"}, f"READY_TIMEOUT=0: {INT} 1..86400"),
     ({"POLL_SECONDS": "0"}, f"POLL_SECONDS=0: {INT} 1..60"),
     ({"DRY_RUN": "yes"}, "DRY_RUN=yes: accepted: 0 | 1"),
 ]
