@@ -30,6 +30,7 @@ main() {
     return 0
   fi
   stop_all_ranks
+  ((STOP_FAILURES == 0)) || die "${STOP_FAILURES} node(s) could not be cleaned; see above"
   say "stopped every rank on ${NODE_LIST[*]}"
 }
 

@@ -7,21 +7,27 @@ readonly LOG_TAIL_LINES=40
 
 RANKS_STARTED=0
 CLUSTER_READY=0
+STOP_FAILURES=0
 
-# Removes every serve container on every node (also ones a rank left behind).
+# Removes every serve container on every node (also ones a rank left behind); a node that
+# cannot be reached is reported and counted in STOP_FAILURES, and the others still stopped.
 stop_all_ranks() {
   local index ids
+  local -a id_list
+  STOP_FAILURES=0
   for index in "${!NODE_LIST[@]}"; do
     serve_containers_argv
-    ids=$(on_node "${index}" "${CMD[@]}") || {
+    if ! ids=$(on_node "${index}" "${CMD[@]}"); then
       printf 'glm53: could not list containers on %s\n' "${NODE_LIST[index]}" >&2
+      STOP_FAILURES=$((STOP_FAILURES + 1))
       continue
-    }
+    fi
     [[ -n ${ids} ]] || continue
-    local -a id_list
     read -r -d '' -a id_list <<<"${ids}" || true
-    on_node "${index}" docker rm --force "${id_list[@]}" >/dev/null \
-      || printf 'glm53: could not remove %s on %s\n' "${id_list[*]}" "${NODE_LIST[index]}" >&2
+    if ! on_node "${index}" docker rm --force "${id_list[@]}" >/dev/null; then
+      printf 'glm53: could not remove %s on %s\n' "${id_list[*]}" "${NODE_LIST[index]}" >&2
+      STOP_FAILURES=$((STOP_FAILURES + 1))
+    fi
   done
   RANKS_STARTED=0
 }
@@ -110,7 +116,7 @@ wait_until_ready() {
       die "the API did not answer within READY_TIMEOUT=${READY_TIMEOUT} s; every rank was stopped"
     fi
     if ((now - last_report >= PROGRESS_EVERY_SECONDS)); then
-      say "waiting for http://127.0.0.1:${PORT}/v1/models: ${now} s, ${#NODE_LIST[@]} of ${#NODE_LIST[@]} ranks running"
+      say "waiting for http://127.0.0.1:${PORT}/v1/models: ${now} s, all ${#NODE_LIST[@]} ranks running"
       last_report=${now}
     fi
     sleep "${POLL_SECONDS}"

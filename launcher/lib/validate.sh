@@ -119,7 +119,7 @@ validate_model() {
 
 validate_nodes() {
   local node seen=" "
-  read -r -a NODE_LIST <<<"${NODES//,/ }"
+  read -r -a NODE_LIST <<<"${NODES//[,$'\n']/ }"
   ((${#NODE_LIST[@]} > 0)) \
     || refuse_unset NODES "set the node addresses, head first (e.g. NODES=\"<head> <worker>\" in cluster.env; see cluster.env.example)"
   ((${#NODE_LIST[@]} <= 16)) || refuse NODES "${NODES}" "accepted: 1 to 16 addresses"

@@ -323,3 +323,8 @@ def test_stop_dry_run_removes_the_serve_containers_on_every_node(tmp_path):
         f"ssh -o BatchMode=yes {NODES[2]} 'docker ps --all --quiet --filter label=glm53.launcher=serve'",
         f"ssh -o BatchMode=yes {NODES[2]} 'docker rm --force '\\''<listed-ids>'\\'''",
     ]
+
+
+def test_nodes_may_be_separated_by_newlines_commas_or_spaces(tmp_path):
+    stdout = dry_run(tmp_path, NODES=f"{NODES[0]},\n{NODES[1]}", **PINNED)
+    assert [node for node, _ in serve_commands(stdout).values()] == list(NODES[:2])

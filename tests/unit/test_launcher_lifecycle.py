@@ -179,3 +179,17 @@ def test_no_answer_within_ready_timeout_stops_every_rank(tmp_path):
     assert result.stderr.splitlines()[-1] == (
         "glm53: the API did not answer within READY_TIMEOUT=2 s; every rank was stopped")
     assert containers(state, "head") == {} and containers(state, WORKER) == {}
+
+
+def test_stop_reports_a_node_it_cannot_reach_and_still_cleans_the_others(tmp_path):
+    state = make_cluster(tmp_path, running=["glm53-rank0"])
+    unreachable = tmp_path / "unreachable-ssh"
+    unreachable.write_text("#!/bin/sh\necho 'ssh: connect to host: No route to host' >&2\nexit 255\n")
+    unreachable.chmod(unreachable.stat().st_mode | stat.S_IXUSR)
+    result = run(tmp_path, script="stop.sh", SSH=str(unreachable), FAKE_DOCKER_STATE=state,
+                 DRY_RUN=0)
+    assert result.returncode == 1
+    assert f"glm53: could not list containers on {WORKER}" in result.stderr
+    assert result.stderr.splitlines()[-1] == "glm53: 1 node(s) could not be cleaned; see above"
+    assert containers(state, "head") == {}
+
