@@ -26,7 +26,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import bench_decode  # noqa: E402
+from bench import bench_decode
 
 FAKE = Path(__file__).resolve().parent.parent / "tests" / "fakes" / "fake_vllm.py"
 

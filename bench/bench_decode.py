@@ -29,14 +29,19 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the `bench` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import aiohttp  # noqa: E402
+import aiohttp
 
-from bench import prompts, report  # noqa: E402
-from bench.progress import BenchProgress  # noqa: E402
-from bench.server_metrics import (  # noqa: E402
-    MetricsSnapshot, acceptance, fetch_metrics, restart_between, spec_delta)
-from bench.stream_client import Tally, chat_request, run_stream  # noqa: E402
-from bench.summary import build_cell, wave_figures  # noqa: E402
+from bench import prompts, report
+from bench.progress import BenchProgress
+from bench.server_metrics import (
+    MetricsSnapshot,
+    acceptance,
+    fetch_metrics,
+    restart_between,
+    spec_delta,
+)
+from bench.stream_client import Tally, chat_request, run_stream
+from bench.summary import build_cell, wave_figures
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 WARMUP_TOKENS = 16

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+from typing import Self
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -28,7 +29,7 @@ class BenchProgress:
             return "quiet"
         return "live" if sys.stderr.isatty() else "lines"
 
-    def __enter__(self) -> "BenchProgress":
+    def __enter__(self) -> Self:
         if self.mode == "live":
             self._progress = Progress(TextColumn("{task.description}"), BarColumn(),
                                       MofNCompleteColumn(), TimeElapsedColumn(),

@@ -29,12 +29,17 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the `bench` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import aiohttp  # noqa: E402
+import aiohttp
 
-from bench.greedy import (  # noqa: E402
-    VERDICT_IDENTICAL, VERDICT_NEAR_TIE, Comparison, ReceiptError, compare_outputs,
-    record_greedy)
-from bench.server_metrics import fetch_metrics, spec_delta  # noqa: E402
+from bench.greedy import (
+    VERDICT_IDENTICAL,
+    VERDICT_NEAR_TIE,
+    Comparison,
+    ReceiptError,
+    compare_outputs,
+    record_greedy,
+)
+from bench.server_metrics import fetch_metrics, spec_delta
 
 DEFAULT_PROMPTS = (
     "Write a short paragraph about why lighthouses were painted in bold stripes.",

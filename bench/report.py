@@ -6,7 +6,9 @@ import json
 from pathlib import Path
 
 SCHEMA = "bench_decode/1"
-COMPARED = (("per_stream_tok_s", "per-stream tok/s", +1), ("aggregate_tok_s", "aggregate tok/s", +1),
+# (cell key, label, +1 when higher is better / -1 when lower is)
+COMPARED = (("per_stream_tok_s", "per-stream tok/s", +1),
+            ("aggregate_tok_s", "aggregate tok/s", +1),
             ("ttft_s", "TTFT s", -1))
 
 
@@ -22,9 +24,9 @@ def _spread(s: dict | None, digits: int = 1) -> str:
 
 def markdown_table(cells: list[dict]) -> str:
     """Medians with (min-max) over runs; acceptance from /metrics deltas of the cell."""
-    lines = ["| phase | c | per-stream tok/s | aggregate tok/s | TTFT s | accept len | "
-             "draft accept | failed | method |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    header = ("| phase | c | per-stream tok/s | aggregate tok/s | TTFT s | accept len | "
+              "draft accept | failed | method |")
+    lines = [header, "|---|---|---|---|---|---|---|---|---|"]
     for c in cells:
         accept = _num(c["acceptance_length"], 2)
         if c.get("invalid"):

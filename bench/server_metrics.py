@@ -37,7 +37,7 @@ def _base_name(sample_name: str) -> str | None:
     """Counter samples come as NAME_total (or bare NAME without the suffix); skip _created."""
     if sample_name.endswith("_created"):
         return None
-    return sample_name[:-6] if sample_name.endswith("_total") else sample_name
+    return sample_name.removesuffix("_total")
 
 
 def parse_metrics(text: str) -> MetricsSnapshot:

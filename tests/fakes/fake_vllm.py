@@ -11,8 +11,9 @@ Run it like vLLM:
 Flags it does not know are ignored. Of vLLM's own flags it honours `--host` (default
 127.0.0.1, loopback unlike vLLM), `--port` (default 8000; 0 picks a free one),
 `--served-model-name` (each name listed by /v1/models), `--model`, `--headless` (serve
-no HTTP, stay alive until SIGTERM) and `--speculative-config` (its `num_speculative_tokens` turns drafting on; invalid JSON
-exits 1, as vLLM would). SIGTERM or SIGINT ends it cleanly with exit code 0 in every mode.
+no HTTP, stay alive until SIGTERM) and `--speculative-config` (its `num_speculative_tokens`
+turns drafting on; invalid JSON exits 1, as vLLM would). SIGTERM or SIGINT ends it cleanly
+with exit code 0 in every mode.
 Once listening it prints one line `fake-vllm listening on http://HOST:PORT` to stdout.
 
 Programmed behaviour: every option below can also be set by the environment variable named
@@ -85,6 +86,7 @@ import sys
 import time
 import urllib.request
 from dataclasses import dataclass, field
+from typing import Self
 
 VOCAB_SIZE = 154_880
 CLEAR_MARGIN_NATS = 3.0
@@ -479,7 +481,8 @@ class ChatHandler:
         state.arrivals += 1
         number = state.arrivals
         if program.request_log:
-            with open(program.request_log, "a", encoding="utf-8") as log:
+            # a blocking append of one short line: cheaper than a thread hop, and test-only
+            with open(program.request_log, "a", encoding="utf-8") as log:  # noqa: ASYNC230
                 log.write(json.dumps({"arrival": number, "arrival_monotonic": t0,
                                       "body": body}) + "\n")
         fault = program.faults.get(number)
@@ -521,8 +524,9 @@ class ChatHandler:
         await self._sleep_until(t0 + program.ttft_s + (len(plan.chunk_tokens) - 1) * program.step_s)
         for a in plan.chunk_accepted[1:]:
             self.state.count_step(a)
+        text = "".join(token_text(s.emitted) for s in steps)
         choice: dict = {"index": 0, "message": {"role": "assistant", "reasoning_content": None,
-                                                "content": "".join(token_text(s.emitted) for s in steps)},
+                                                "content": text},
                         "logprobs": None, "finish_reason": "length", "stop_reason": None}
         if body.get("logprobs"):
             top_k = int(body.get("top_logprobs") or 0)
@@ -711,7 +715,7 @@ class RunningFake:
             self.process.stdout.close()
         return self.process.returncode
 
-    def __enter__(self) -> "RunningFake":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -104,7 +104,8 @@ def test_programmed_prefill_outlasts_the_send_burst(drafted_run):
     """The 1% claim needs the bench to have sent every request before first tokens arrive
     (true of real prefill); the fake's 0.25 s TTFT must cover the arrival spread it saw."""
     _, _, log = drafted_run
-    arrivals = [e["arrival_monotonic"] for e in log if "c16 " in e["body"]["messages"][0]["content"]]
+    arrivals = [e["arrival_monotonic"] for e in log
+                if "c16 " in e["body"]["messages"][0]["content"]]
     assert len(arrivals) == 16 and max(arrivals) - min(arrivals) < 0.25
 
 

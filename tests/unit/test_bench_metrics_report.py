@@ -141,3 +141,35 @@ def test_json_file_keeps_the_documented_contract(contract_doc):
     assert set(stream) >= {"stream", "prefix", "ok", "failure", "ttft_s", "tok_s",
                            "completion_tokens", "decode_tokens", "method", "chunk_times_s",
                            "chunk_tokens"}
+
+
+def test_progress_prints_a_line_per_wave_when_not_on_a_terminal(capsys):
+    from tests.fakes import fake_vllm
+    with fake_vllm.spawn("--step-seconds", "0.002") as fake:
+        code = bench_decode.main(["--url", fake.url, "--warmup", "0", "--runs", "2",
+                                  "--concurrency", "1", "--phase", "structured",
+                                  "--max-tokens", "8"])
+    captured = capsys.readouterr()
+    assert code == 0
+    assert "[1/2] structured c=1 run 1/2: 1/1 streams measured, aggregate" in captured.err
+    assert "[2/2] structured c=1 run 2/2" in captured.err
+    assert captured.out.startswith("| phase | c | per-stream tok/s |")
+
+
+def test_live_progress_follows_the_tally(capsys):
+    import asyncio
+
+    from bench.progress import BenchProgress
+    from bench.stream_client import Tally
+
+    async def one_wave(progress):
+        tally = Tally()
+        async with progress.wave("prose c=1 run 1/1", 10, tally):
+            tally.tokens = 10
+            await asyncio.sleep(0.3)
+        progress.wave_done("prose c=1 run 1/1", {"aggregate_tok_s": 12.5}, 1, 0)
+
+    with BenchProgress("live", 1) as progress:
+        asyncio.run(one_wave(progress))
+    err = capsys.readouterr().err
+    assert "prose c=1 run 1/1: 1/1 streams measured, aggregate 12.5 tok/s" in err
