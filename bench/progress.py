@@ -68,6 +68,7 @@ class BenchProgress:
                 ticker.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await ticker
+                self._progress.update(task, completed=tally.tokens)
                 self._progress.remove_task(task)
                 self._progress.advance(self._overall)
             self.done_waves += 1
