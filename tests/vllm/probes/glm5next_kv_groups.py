@@ -1,0 +1,127 @@
+"""Plan Glm5Next's KV cache with vLLM's own planning code, with and without drafter layers.
+
+Run with PYTHONPATH set to a vLLM 0.30.0 tree (patched by v11 or not). The specs are
+shaped like GLM-5.3-Flash at tensor parallel 2: 11 MLA layers with a DSA indexer and
+its kpool tail each, 34 KDA (Mamba-type) states, and optionally 5 drafter sliding
+layers of window 2048. Prints one JSON object describing groups, tensor layout, bytes
+per block and the maximum-memory estimate, or the error raised.
+"""
+
+import json
+import sys
+from types import SimpleNamespace
+
+import torch
+
+import vllm.platforms
+from vllm.platforms.cpu import CpuPlatform
+
+vllm.platforms._current_platform = CpuPlatform()
+
+from vllm.v1.core import kv_cache_utils as utils  # noqa: E402
+from vllm.v1.kv_cache_layout import KVCacheLayout  # noqa: E402
+from vllm.v1.kv_cache_interface import (  # noqa: E402
+    KpoolTailSpec,
+    MambaSpec,
+    MLAAttentionSpec,
+    SlidingWindowSpec,
+)
+
+BLOCK = 1024  # the hybrid attention block, large enough that a KDA state fits an MLA page
+KV_PIN = 4_445_787_956  # the recipe's --kv-cache-memory-bytes
+MLA_LAYERS = [2, 6, 10, 14, 18, 22, 26, 30, 34, 38, 42]
+KDA_LAYERS = [i for i in range(45) if i not in MLA_LAYERS]
+
+
+def target_specs() -> dict:
+    specs = {}
+    for i in MLA_LAYERS:
+        specs[f"model.layers.{i}.self_attn.attn"] = MLAAttentionSpec(
+            block_size=BLOCK, num_kv_heads=1, head_size=656, dtype=torch.uint8,
+            cache_dtype_str="fp8_ds_mla",
+        )
+        # DSA indexer: one 132-byte state per 4 tokens (33 B a token).
+        specs[f"model.layers.{i}.self_attn.indexer.k_cache"] = MLAAttentionSpec(
+            block_size=BLOCK, num_kv_heads=1, head_size=132, dtype=torch.uint8,
+            tokens_per_state=4,
+        )
+        specs[f"model.layers.{i}.self_attn.indexer.tail"] = KpoolTailSpec(
+            block_size=BLOCK, num_kv_heads=1, head_size=16, dtype=torch.uint8,
+            sliding_window=4,
+        )
+    for i in KDA_LAYERS:
+        specs[f"model.layers.{i}.self_attn"] = MambaSpec(
+            block_size=BLOCK,
+            shapes=((3, 2048), (16, 128, 64)),
+            dtypes=(torch.float32, torch.float32),
+            num_speculative_blocks=5,
+        )
+    return specs
+
+
+def drafter_specs(head_sizes=(128,) * 5) -> dict:
+    return {
+        f"draft.layers.{45 + i}.self_attn.attn": SlidingWindowSpec(
+            block_size=BLOCK, num_kv_heads=4, head_size=size, dtype=torch.bfloat16,
+            sliding_window=2048,
+        )
+        for i, size in enumerate(head_sizes)
+    }
+
+
+def vllm_config():
+    return SimpleNamespace(
+        scheduler_config=SimpleNamespace(disable_hybrid_kv_cache_manager=False, max_num_batched_tokens=8192),
+        attention_config=SimpleNamespace(hisparse_config=None),
+        parallel_config=SimpleNamespace(pipeline_parallel_size=1, decode_context_parallel_size=1),
+        cache_config=SimpleNamespace(
+            num_gpu_blocks_override=None, prefix_cache_retention_interval=None, mamba_cache_mode="align",
+            get_resolved_kv_cache_layout=lambda: KVCacheLayout.BLHNC,
+        ),
+        model_config=SimpleNamespace(max_model_len=327680),
+        max_in_flight_tokens=8192,
+        speculative_config=None,
+    )
+
+
+def describe(specs: dict) -> dict:
+    config = vllm_config()
+    try:
+        groups = utils.get_kv_cache_groups(config, dict(specs))
+        kv_config = utils.get_kv_cache_config_from_groups(config, groups, KV_PIN)
+    except (ValueError, NotImplementedError, AssertionError) as error:
+        return {"error": f"{type(error).__name__}: {error}"}
+    return {
+        "bespoke_groups": utils._get_kv_cache_groups_glm5_next(config, dict(specs)) is not None,
+        "groups": [
+            {
+                "layers": list(group.layer_names),
+                "type": type(group.kv_cache_spec).__name__,
+                "block_size": group.kv_cache_spec.block_size,
+                "spec": repr(group.kv_cache_spec),
+            }
+            for group in groups
+        ],
+        "num_blocks": kv_config.num_blocks,
+        "tensors": [
+            [t.size, list(t.layers), t.layer_stride, t.block_stride, t.offset]
+            for t in kv_config.kv_cache_tensors
+        ],
+        "bytes_per_block": utils._get_kv_cache_bytes_per_block(groups),
+        "max_memory_bytes": utils._max_memory_usage_bytes_from_groups(config, groups),
+    }
+
+
+def main():
+    case = sys.argv[1]
+    specs = target_specs()
+    if case == "drafter":
+        specs.update(drafter_specs())
+    elif case == "two-page-sizes":
+        specs.update(drafter_specs(head_sizes=(128, 128, 128, 128, 64)))
+    json.dump({"case": case, "vllm_file": vllm.__file__, **describe(specs)}, sys.stdout)
+    print()
+
+
+if __name__ == "__main__":
+    main()
