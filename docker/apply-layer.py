@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""The one build step of every image layer: install the toolkit, then probe, apply, verify.
+
+Run by the Dockerfiles as `python3 /opt/glm53-recipe/.incoming/docker/apply-layer.py LAYER`
+after COPYing the build context (staged by scripts/build.sh) to /opt/glm53-recipe/.incoming/.
+
+1. Moves the toolkit (scripts/, recipekit/, patches/, ...) from .incoming/ to
+   /opt/glm53-recipe/, replacing what an earlier layer put there.
+2. Installs the layer tool's dependencies (requirements/tool.txt) from the wheelhouse in the
+   context, offline (pip --no-index), into /opt/glm53-recipe/pylib, so the base's own Python
+   packages are left alone. A later layer with the same wheelhouse reuses the install.
+3. Finds the installed vllm package without importing it (importlib.util.find_spec).
+4. Runs scripts/patch-layer LAYER --root <dir holding vllm/> --json and writes its result to
+   /opt/glm53-recipe/build-record/LAYER.json, which scripts/build.sh reads back from the
+   built image before it labels and tags it. A refusal fails the build (exit 3) and prints
+   the reason.
+
+Standard library only; the base's python3 must be 3.10 or newer (what patch-layer needs).
+"""
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+RECIPE = Path("/opt/glm53-recipe")
+INCOMING = RECIPE / ".incoming"
+PYLIB = RECIPE / "pylib"
+RECORDS = RECIPE / "build-record"
+STAMP = PYLIB / ".glm53-wheelhouse-sha256"
+# What the context brings (scripts/build.sh stages exactly these).
+TOOLKIT = ("scripts", "recipekit", "patches", "requirements", "docker", "wheelhouse", "backport")
+LAYERS = ("v9", "v10", "v11")
+OK_OUTCOMES = ("applied", "already-applied", "provided-by-base")
+BACKPORT_DIFF = RECIPE / "backport" / "dflash2.diff"
+
+
+def say(message: str) -> None:
+    print(f"glm53 layer: {message}", flush=True)
+
+
+def fail(message: str, code: int = 2) -> None:
+    print(f"glm53 layer: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(code)
+
+
+def install_toolkit() -> None:
+    if not INCOMING.is_dir():
+        fail(f"{INCOMING} is missing; build with scripts/build.sh (it stages the context)")
+    missing = [name for name in TOOLKIT if not (INCOMING / name).exists()]
+    if missing:
+        fail(f"the build context lacks {', '.join(missing)}; build with scripts/build.sh")
+    for name in TOOLKIT:
+        target = RECIPE / name
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        elif target.exists() or target.is_symlink():
+            target.unlink()
+        (INCOMING / name).rename(target)
+    shutil.rmtree(INCOMING)
+
+
+def wheelhouse_digest() -> str:
+    digest = hashlib.sha256()
+    for path in sorted((RECIPE / "wheelhouse").glob("*.whl")):
+        digest.update(path.name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+    digest.update((RECIPE / "requirements" / "tool.txt").read_bytes())
+    return digest.hexdigest()
+
+
+def install_dependencies() -> None:
+    wanted = wheelhouse_digest()
+    if STAMP.is_file() and STAMP.read_text().strip() == wanted:
+        say(f"tool dependencies already in {PYLIB} (same wheelhouse)")
+        return
+    if subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True).returncode:
+        fail(
+            f"{sys.executable} -m pip is not available in this base; the layer tool's "
+            f"dependencies are installed with pip from {RECIPE / 'wheelhouse'} (offline)"
+        )
+    shutil.rmtree(PYLIB, ignore_errors=True)
+    command = [
+        sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-compile",
+        "--no-warn-script-location", "--find-links", str(RECIPE / "wheelhouse"),
+        "--target", str(PYLIB), "-r", str(RECIPE / "requirements" / "tool.txt"),
+    ]
+    # The base's pip configuration (indexes, constraints) has no say: only the wheelhouse.
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PIP_")}
+    env.update(PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_ROOT_USER_ACTION="ignore")
+    if subprocess.run(command, env=env).returncode:
+        fail(
+            f"pip could not install requirements/tool.txt from {RECIPE / 'wheelhouse'}; the "
+            "wheelhouse must match this base's Python and platform (scripts/build.sh makes it)"
+        )
+    STAMP.write_text(wanted + "\n")
+    say(f"tool dependencies installed offline into {PYLIB}")
+
+
+def vllm_root() -> Path:
+    """The directory holding the vllm/ package, found without importing vllm."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        fail(f"no vllm package is importable by {sys.executable} in this base")
+    locations = list(spec.submodule_search_locations)
+    if len(locations) != 1:
+        fail(f"vllm is a namespace package spread over {locations}; expected one installed tree")
+    package = Path(locations[0]).resolve()
+    if not (package / "__init__.py").is_file():
+        fail(f"{package} has no __init__.py; expected an installed vllm package")
+    if not os.access(package, os.W_OK):
+        fail(f"{package} is not writable by uid {os.getuid()}; build the layer as root")
+    return package.parent
+
+
+def run_layer(layer: str, root: Path) -> dict:
+    command = [sys.executable, str(RECIPE / "scripts" / "patch-layer"), layer, "--root", str(root), "--json"]
+    if layer == "v9":
+        command += ["--diff", str(BACKPORT_DIFF)]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PYLIB), env.get("PYTHONPATH", "")]))
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    say(f"{layer}: scripts/patch-layer {layer} --root {root}")
+    result = subprocess.run(command, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        record = json.loads(result.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        fail(f"{layer}: patch-layer exited {result.returncode} without a JSON result: {result.stdout!r}")
+    if record.get("layer") != layer or "outcome" not in record:
+        fail(f"{layer}: patch-layer printed an unexpected result: {record}")
+    outcome = record["outcome"]
+    if outcome == "refused" or result.returncode == 3:
+        print(f"glm53 layer: {layer}: REFUSED: {record.get('reason', '')}", file=sys.stderr, flush=True)
+        sys.exit(3)
+    if result.returncode != 0 or outcome not in OK_OUTCOMES:
+        fail(f"{layer}: patch-layer exited {result.returncode} with outcome {outcome!r}")
+    return record
+
+
+def main() -> None:
+    if len(sys.argv) != 2 or sys.argv[1] not in LAYERS:
+        fail(f"usage: apply-layer.py {{{'|'.join(LAYERS)}}}")
+    layer = sys.argv[1]
+    if sys.version_info < (3, 10):
+        fail(f"the layer tool needs Python >= 3.10; {sys.executable} is {sys.version.split()[0]}")
+    root = vllm_root()
+    say(f"{layer}: vllm package at {root / 'vllm'} (python {sys.version.split()[0]})")
+    install_toolkit()
+    install_dependencies()
+    record = run_layer(layer, root)
+    record["vllm_root"] = str(root)
+    record["python"] = ".".join(map(str, sys.version_info[:3]))
+    RECORDS.mkdir(parents=True, exist_ok=True)
+    (RECORDS / f"{layer}.json").write_text(json.dumps(record, indent=2) + "\n")
+    say(f"{layer}: {record['outcome']}: {record.get('reason', '')}")
+    for name in record.get("files", []):
+        say(f"{layer}:   {name}")
+
+
+if __name__ == "__main__":
+    main()

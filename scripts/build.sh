@@ -1,0 +1,486 @@
+#!/usr/bin/env bash
+# Build the image chain v9 -> v10 -> v11 (docker/Dockerfile.sm121-v*), in order, each FROM the
+# previous tag, starting from the fork image tagged glm53-sm121-v8 (or --base IMAGE).
+#
+#   scripts/build.sh [--base IMAGE] [--from v9] [--to v11] [--check] [--tag-prefix PREFIX]
+#                    [--verbose]
+#
+#   --base IMAGE        the image the first layer builds on (default: PREFIXglm53-sm121-v8 for
+#                       --from v9, else the previous layer's tag)
+#   --from, --to        the layers to build (default v9 to v11)
+#   --check             print what would be built and what is up to date; build and tag nothing
+#   --tag-prefix PREFIX put every tag of the chain under PREFIX (also $GLM53_TAG_PREFIX), e.g.
+#                       "test-123-" gives test-123-glm53-sm121-v9; tests use it
+#   --verbose           stream docker's build output (it always goes to build/logs/LAYER.log)
+#
+# Before the layers: the v9 backport is generated (scripts/make-backport, sha256-pinned), the
+# base's Python and platform are probed in a throwaway container (--network none), a
+# wheelhouse of requirements/tool.txt for that Python is downloaded on the host (cached), and
+# the build context is staged in build/context. An image whose glm53.inputs label equals the
+# hash of this build's inputs (base image ID, Dockerfile, staged context) is not rebuilt. A
+# layer is tagged only after its result, read back from the built image, is applied,
+# already-applied or provided-by-base; when a layer fails, its tag and the later layers' tags
+# from earlier builds are moved aside to :stale so they cannot pass for this build's result.
+#
+# Exit: 0 built or up to date; 3 a layer refused (the reason is printed); 1 any other failure;
+# 2 usage. Needs a Docker engine, python3 >= 3.10 with pip on the host, and flock.
+set -euo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+readonly REPO_ROOT
+readonly LAYERS=(v9 v10 v11)
+# Bump when what an image is built from, or how it is labelled, changes outside the hashed
+# inputs (build context, Dockerfile, base image ID); it is part of the inputs hash.
+readonly SCHEME=glm53-build-2
+readonly BUILD_DIR="${REPO_ROOT}/build"
+readonly CACHE="${GLM53_RECIPE_CACHE:-${XDG_CACHE_HOME:-${HOME}/.cache}/glm53-recipe}"
+readonly PYTHON="${PYTHON:-python3}"
+readonly RECORD_DIR=/opt/glm53-recipe/build-record
+# The classic builder: it is what Debian's docker.io 20.10 has without buildx, and what the
+# chain is tested with.
+export DOCKER_BUILDKIT=0
+
+base_ref=""
+from_layer=v9
+to_layer=v11
+check_only=""
+verbose=""
+tag_prefix="${GLM53_TAG_PREFIX:-}"
+step=0
+steps=0
+summary=()
+context_hash=""
+wheelhouse_hash=""
+backport_sha=""
+python_version=""
+base_machine=""
+base_glibc=""
+backport_file=""
+wheelhouse_dir=""
+layer_base_ref=""
+last_outcome=""
+
+log() { echo "build.sh: $*" >&2; }
+
+die() {
+  echo "build.sh: error: $*" >&2
+  exit 1
+}
+
+usage() {
+  sed -n '5,6p' "${BASH_SOURCE[0]}" | sed 's/^#   //' >&2
+  exit 2
+}
+
+progress() {
+  echo "build.sh [${step}/${steps}] $*"
+}
+
+next_step() { step=$((step + 1)); }
+
+# One line of the summary: layer, outcome, tag, image ID, what happened.
+row() { printf '  %-4s %-17s %-40s %-13s %s' "$1" "$2" "$3" "${4:-}" "${5:-}"; }
+
+layer_index() {
+  local i
+  for i in "${!LAYERS[@]}"; do
+    if [[ "${LAYERS[i]}" == "$1" ]]; then
+      echo "${i}"
+      return
+    fi
+  done
+  echo "build.sh: error: unknown layer '$1'; layers: ${LAYERS[*]}" >&2
+  exit 2
+}
+
+tag_of() { echo "${tag_prefix}glm53-sm121-$1"; }
+
+image_id() { docker image inspect -f '{{.Id}}' "$1" 2>/dev/null || true; }
+
+label_of() {
+  docker image inspect -f "{{index .Config.Labels \"$2\"}}" "$1" 2>/dev/null || true
+}
+
+sha256_of() { sha256sum "$1" | cut -d' ' -f1; }
+
+# A hash of every file under DIR: paths, contents and the executable bit. Fails on symlinks.
+tree_hash() {
+  local dir="$1"
+  if [[ -n "$(find "${dir}" -type l -print -quit)" ]]; then
+    die "${dir} holds a symlink; the build context must be plain files"
+  fi
+  (
+    cd "${dir}"
+    find . -type f -print0 | LC_ALL=C sort -z | xargs -0 -r sha256sum
+    find . -type f -perm -u+x -print0 | LC_ALL=C sort -z | xargs -0 -r printf 'exec %s\n'
+  ) | sha256sum | cut -d' ' -f1
+}
+
+parse_args() {
+  while (($#)); do
+    case "$1" in
+      --base | --from | --to | --tag-prefix)
+        (($# >= 2)) || usage
+        case "$1" in
+          --base) base_ref="$2" ;;
+          --from) from_layer="$2" ;;
+          --to) to_layer="$2" ;;
+          --tag-prefix) tag_prefix="$2" ;;
+        esac
+        shift 2
+        ;;
+      --check) check_only=1 && shift ;;
+      --verbose) verbose=1 && shift ;;
+      -h | --help) usage ;;
+      *)
+        echo "build.sh: error: unknown argument '$1'" >&2
+        usage
+        ;;
+    esac
+  done
+  local from_i to_i
+  from_i="$(layer_index "${from_layer}")"
+  to_i="$(layer_index "${to_layer}")"
+  ((from_i <= to_i)) || die "--from ${from_layer} comes after --to ${to_layer}"
+  if [[ -n "${tag_prefix}" && ! "${tag_prefix}" =~ ^[a-z0-9][a-z0-9._/-]*$ ]]; then
+    die "--tag-prefix '${tag_prefix}' is not a valid image-name prefix (lowercase, digits, . _ - /)"
+  fi
+  if [[ -z "${base_ref}" ]]; then
+    if ((from_i == 0)); then
+      base_ref="$(tag_of v8)"
+    else
+      base_ref="$(tag_of "${LAYERS[from_i - 1]}")"
+    fi
+  fi
+  steps=$((4 + to_i - from_i + 1))
+}
+
+check_host() {
+  command -v docker >/dev/null || die "docker is not installed on this host"
+  docker info >/dev/null 2>&1 \
+    || die "no Docker engine answers (docker info failed); start dockerd or check DOCKER_HOST"
+  command -v flock >/dev/null || die "flock is missing; install util-linux"
+  "${PYTHON}" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null \
+    || die "${PYTHON} is not Python >= 3.10 (make-backport and pip run on the host); set PYTHON"
+}
+
+# The v9 diff, generated from the pinned vLLM releases and checked against the manifest's pin.
+prepare_backport() {
+  next_step
+  local manifest="${REPO_ROOT}/patches/v9/manifest.json" pin out
+  pin="$("${PYTHON}" -c 'import json, sys; print(json.load(open(sys.argv[1]))["diff_sha256"])' \
+    "${manifest}")" || die "${manifest}: no diff_sha256; see scripts/make-backport"
+  out="${BUILD_DIR}/backport/dflash2-${pin:0:16}.diff"
+  if [[ -f "${out}" && "$(sha256_of "${out}")" == "${pin}" ]]; then
+    progress "backport: ${out#"${REPO_ROOT}"/} (cached, sha256 ${pin:0:16})"
+  else
+    mkdir -p "${BUILD_DIR}/backport"
+    "${PYTHON}" "${REPO_ROOT}/scripts/make-backport" --out "${out}.tmp" >&2 \
+      || die "scripts/make-backport failed (output above); nothing was built"
+    [[ "$(sha256_of "${out}.tmp")" == "${pin}" ]] \
+      || die "${out}.tmp: sha256 differs from ${manifest}'s diff_sha256; nothing was built"
+    mv "${out}.tmp" "${out}"
+    progress "backport: ${out#"${REPO_ROOT}"/} (generated, sha256 ${pin:0:16})"
+  fi
+  backport_file="${out}"
+  backport_sha="${pin}"
+}
+
+# Python version, machine and glibc of the base, from a throwaway container (cached by ID).
+probe_base() {
+  next_step
+  local base_id="$1" cache="${BUILD_DIR}/probe/${1#sha256:}" probe
+  if [[ -s "${cache}" ]]; then
+    probe="$(<"${cache}")"
+  else
+    probe="$(docker run --rm --network none --entrypoint python3 "${base_id}" -c \
+      'import os, platform, sys; print("%d.%d" % sys.version_info[:2], platform.machine(), os.confstr("CS_GNU_LIBC_VERSION").split()[-1])' \
+      2>&1)" || die "${base_ref}: python3 -c ... failed in a container of the base: ${probe}"
+    mkdir -p "${BUILD_DIR}/probe"
+    echo "${probe}" >"${cache}"
+  fi
+  read -r python_version base_machine base_glibc <<<"${probe}"
+  [[ "${python_version}" =~ ^3\.[0-9]+$ && "${base_glibc}" =~ ^2\.[0-9]+$ ]] \
+    || die "${base_ref}: unexpected probe result '${probe}' (want 'X.Y MACHINE GLIBC'); delete ${cache}"
+  [[ "$(printf '%s\n' 3.10 "${python_version}" | sort -V | head -n1)" == 3.10 ]] \
+    || die "${base_ref} has Python ${python_version}; the layer tool needs >= 3.10"
+  progress "base: ${base_ref} (${base_id:7:12}): Python ${python_version}, ${base_machine}, glibc ${base_glibc}"
+}
+
+# requirements/tool.txt as wheels for the base's Python and platform, downloaded on the host
+# once (the containers reach no registry); GLM53_WHEELHOUSE names a ready-made one instead.
+prepare_wheelhouse() {
+  next_step
+  local tool="${REPO_ROOT}/requirements/tool.txt" key dir minor n platforms=()
+  if [[ -n "${GLM53_WHEELHOUSE:-}" ]]; then
+    compgen -G "${GLM53_WHEELHOUSE}/*.whl" >/dev/null \
+      || die "GLM53_WHEELHOUSE=${GLM53_WHEELHOUSE} holds no .whl files"
+    wheelhouse_dir="${GLM53_WHEELHOUSE}"
+    progress "wheelhouse: ${wheelhouse_dir} (GLM53_WHEELHOUSE)"
+    return
+  fi
+  key="cp${python_version/./}-${base_machine}-glibc${base_glibc}-$(sha256_of "${tool}" | cut -c1-12)"
+  dir="${CACHE}/wheelhouse/${key}"
+  if [[ ! -f "${dir}/.complete" ]]; then
+    minor="${base_glibc#2.}"
+    for ((n = 5; n <= minor; n++)); do
+      platforms+=(--platform "manylinux_2_${n}_${base_machine}")
+    done
+    platforms+=(--platform "manylinux2014_${base_machine}" --platform "manylinux2010_${base_machine}"
+      --platform "manylinux1_${base_machine}")
+    rm -rf "${dir}"
+    mkdir -p "${dir}"
+    "${PYTHON}" -m pip download --quiet --disable-pip-version-check --only-binary=:all: \
+      --implementation cp --python-version "${python_version}" "${platforms[@]}" \
+      -d "${dir}" -r "${tool}" >&2 \
+      || die "pip download of ${tool} for Python ${python_version} ${base_machine} failed (above); PyPI must be reachable from this host, or set GLM53_WHEELHOUSE"
+    touch "${dir}/.complete"
+    progress "wheelhouse: ${dir} (downloaded)"
+  else
+    progress "wheelhouse: ${dir} (cached)"
+  fi
+  wheelhouse_dir="${dir}"
+}
+
+# build/context: exactly what the Dockerfiles COPY, so that its hash is the build's input.
+stage_context() {
+  next_step
+  local staging="${BUILD_DIR}/context.new"
+  rm -rf "${staging}"
+  mkdir -p "${staging}/docker" "${staging}/requirements" "${staging}/wheelhouse" \
+    "${staging}/backport"
+  tar -C "${REPO_ROOT}" --exclude=__pycache__ --exclude='*.pyc' -cf - scripts recipekit patches \
+    | tar -C "${staging}" -xf -
+  cp "${REPO_ROOT}/requirements/tool.txt" "${staging}/requirements/"
+  cp "${REPO_ROOT}/docker/apply-layer.py" "${staging}/docker/"
+  cp "${wheelhouse_dir}"/*.whl "${staging}/wheelhouse/"
+  cp "${backport_file}" "${staging}/backport/dflash2.diff"
+  rm -rf "${BUILD_DIR}/context"
+  mv "${staging}" "${BUILD_DIR}/context"
+  context_hash="$(tree_hash "${BUILD_DIR}/context")"
+  wheelhouse_hash="$(tree_hash "${BUILD_DIR}/context/wheelhouse")"
+  progress "context: build/context (sha256 ${context_hash:0:16}, $(du -sh "${BUILD_DIR}/context" | cut -f1))"
+}
+
+recipe_commit() {
+  local commit
+  commit="$(git -C "${REPO_ROOT}" rev-parse HEAD 2>/dev/null)" || {
+    echo unknown
+    return
+  }
+  if [[ -n "$(git -C "${REPO_ROOT}" status --porcelain -- scripts recipekit patches \
+    requirements/tool.txt docker 2>/dev/null)" ]]; then
+    commit+="-dirty"
+  fi
+  echo "${commit}"
+}
+
+inputs_hash() {
+  local layer="$1" base_id="$2"
+  printf '%s\n' "scheme ${SCHEME}" "layer ${layer}" "base ${base_id}" \
+    "dockerfile $(sha256_of "${REPO_ROOT}/docker/Dockerfile.sm121-${layer}")" \
+    "context ${context_hash}" | sha256sum | cut -d' ' -f1
+}
+
+# The layer's own patch material: its patcher module and its patches/ directory.
+patch_hash() {
+  local layer="$1"
+  {
+    sha256sum "${BUILD_DIR}/context/recipekit/layers/${layer}.py" | cut -d' ' -f1
+    tree_hash "${BUILD_DIR}/context/patches/${layer}"
+  } | sha256sum | cut -d' ' -f1
+}
+
+# Moves the tags of LAYER and every later layer aside (to :stale), so that an image of an
+# earlier build is never taken for the result of this one.
+move_aside_from() {
+  local i tag
+  for ((i = $(layer_index "$1"); i < ${#LAYERS[@]}; i++)); do
+    tag="$(tag_of "${LAYERS[i]}")"
+    if [[ -n "$(image_id "${tag}")" ]]; then
+      docker tag "${tag}" "${tag}:stale"
+      docker rmi "${tag}" >/dev/null
+      log "moved the earlier ${tag} aside to ${tag}:stale; it is not the result of this build"
+    fi
+  done
+}
+
+# The field NAME of the JSON record read from the image.
+record_field() {
+  "${PYTHON}" -c '
+import json, sys
+value = json.loads(sys.argv[1]).get(sys.argv[2], "")
+print(",".join(value) if isinstance(value, list) else str(value).splitlines()[0] if value else "")
+' "$1" "$2"
+}
+
+# Builds LAYER on BASE_ID; on success tags it and prints its ID. Returns 3 on a refusal.
+build_layer() {
+  local layer="$1" base_id="$2" inputs="$3" tag built_id record outcome commit
+  local log_file="${BUILD_DIR}/logs/${layer}.log" iid="${BUILD_DIR}/iid/${layer}"
+  tag="$(tag_of "${layer}")"
+  mkdir -p "${BUILD_DIR}/logs" "${BUILD_DIR}/iid"
+  rm -f "${iid}"
+  local build=(docker build --network none --iidfile "${iid}"
+    -f "${REPO_ROOT}/docker/Dockerfile.sm121-${layer}" --build-arg "BASE_IMAGE=${base_id}"
+    "${BUILD_DIR}/context")
+  local status=0
+  if [[ -n "${verbose}" ]]; then
+    "${build[@]}" 2>&1 | tee "${log_file}" >&2 || status=$?
+  else
+    "${build[@]}" >"${log_file}" 2>&1 || status=$?
+  fi
+  if ((status != 0)); then
+    if grep -q "REFUSED" "${log_file}"; then
+      grep -h "REFUSED\|^patch-layer ${layer}: refused" "${log_file}" | sed 's/^/  /' >&2
+      log "${layer}: refused by scripts/patch-layer (full output: ${log_file#"${REPO_ROOT}"/})"
+      return 3
+    fi
+    tail -n 15 "${log_file}" | sed 's/^/  /' >&2
+    log "${layer}: docker build failed (full output: ${log_file#"${REPO_ROOT}"/})"
+    return 1
+  fi
+  [[ -s "${iid}" ]] || {
+    log "${layer}: docker build wrote no image ID to ${iid}"
+    return 1
+  }
+  built_id="$(<"${iid}")"
+  # The label must say what the build step did: read its record back from the built image.
+  record="$(docker run --rm --network none --entrypoint cat "${built_id}" \
+    "${RECORD_DIR}/${layer}.json")" || {
+    log "${layer}: the built image ${built_id:7:12} has no ${RECORD_DIR}/${layer}.json"
+    return 1
+  }
+  outcome="$(record_field "${record}" outcome)"
+  if [[ "$(record_field "${record}" layer)" != "${layer}" ]] \
+    || [[ ! " applied already-applied provided-by-base " =~ \ ${outcome}\  ]]; then
+    log "${layer}: the built image records layer '$(record_field "${record}" layer)' outcome '${outcome}'; not tagged"
+    return 1
+  fi
+  commit="$(recipe_commit)"
+  # glm53.chain lists every layer's outcome, when the base is this chain's previous layer.
+  local chain="" index
+  index="$(layer_index "${layer}")"
+  if ((index > 0)) && [[ "$(label_of "${base_id}" glm53.layer)" == "${LAYERS[index - 1]}" ]]; then
+    chain="$(label_of "${base_id}" glm53.chain) "
+  fi
+  local digest
+  digest="$(docker image inspect -f '{{join .RepoDigests " "}}' "${base_id}")"
+  local labels=(
+    --label "glm53.scheme=${SCHEME}"
+    --label "glm53.layer=${layer}"
+    --label "glm53.outcome=${outcome}"
+    --label "glm53.files=$(record_field "${record}" files)"
+    --label "glm53.reason=$(record_field "${record}" reason)"
+    --label "glm53.chain=${chain}${layer}=${outcome}"
+    --label "glm53.inputs=${inputs}"
+    --label "glm53.commit=${commit}"
+    --label "org.opencontainers.image.revision=${commit}"
+    --label "glm53.patch.sha256=$(patch_hash "${layer}")"
+    --label "glm53.backport.sha256=${backport_sha}"
+    --label "glm53.wheelhouse.sha256=${wheelhouse_hash}"
+    --label "glm53.base.id=${base_id}"
+    --label "glm53.base.ref=${layer_base_ref}"
+    --label "glm53.base.digest=${digest:-none}"
+    --label "glm53.vllm.root=$(record_field "${record}" vllm_root)"
+    --label "glm53.python=$(record_field "${record}" python)"
+  )
+  printf 'FROM %s\n' "${built_id}" \
+    | docker build --network none -q "${labels[@]}" -t "${tag}" - >>"${log_file}" 2>&1 || {
+    log "${layer}: labelling ${built_id:7:12} as ${tag} failed (see ${log_file#"${REPO_ROOT}"/})"
+    return 1
+  }
+  [[ "$(label_of "${tag}" glm53.inputs)" == "${inputs}" ]] \
+    || {
+      log "${layer}: ${tag} does not carry this build's inputs label after tagging"
+      return 1
+    }
+  last_outcome="${outcome}"
+}
+
+main() {
+  parse_args "$@"
+  check_host
+  mkdir -p "${BUILD_DIR}"
+  exec 9>"${BUILD_DIR}/.lock"
+  if ! flock -n 9; then
+    log "waiting for another scripts/build.sh in this checkout (${BUILD_DIR}/.lock)"
+    flock 9
+  fi
+  local base_id
+  base_id="$(image_id "${base_ref}")"
+  if [[ -z "${base_id}" ]]; then
+    die "base image ${base_ref} not found; tag the fork image (docker tag vllm/vllm-openai:glm53-flash-arm64-cu130 $(tag_of v8)) or pass --base IMAGE"
+  fi
+  prepare_backport
+  probe_base "${base_id}"
+  prepare_wheelhouse
+  stage_context
+
+  local i layer tag inputs existing started status pending="" failed=""
+  local from_i to_i
+  from_i="$(layer_index "${from_layer}")"
+  to_i="$(layer_index "${to_layer}")"
+  layer_base_ref="${base_ref}"
+  for ((i = from_i; i <= to_i; i++)); do
+    layer="${LAYERS[i]}"
+    tag="$(tag_of "${layer}")"
+    next_step
+    if [[ -n "${pending}" ]]; then
+      progress "${layer}: would build ${tag} after ${pending} (its base changes)"
+      summary+=("$(row "${layer}" would-build "${tag}")")
+      continue
+    fi
+    inputs="$(inputs_hash "${layer}" "${base_id}")"
+    existing="$(image_id "${tag}")"
+    if [[ -n "${existing}" && "$(label_of "${tag}" glm53.inputs)" == "${inputs}" \
+      && " applied already-applied provided-by-base " =~ \ $(label_of "${tag}" glm53.outcome)\  ]]; then
+      progress "${layer}: up to date: ${tag} (${existing:7:12}, $(label_of "${tag}" glm53.outcome), inputs ${inputs:0:12})"
+      summary+=("$(row "${layer}" "$(label_of "${tag}" glm53.outcome)" "${tag}" "${existing:7:12}" up-to-date)")
+    elif [[ -n "${check_only}" ]]; then
+      progress "${layer}: would build ${tag} on ${layer_base_ref} (${base_id:7:12}, inputs ${inputs:0:12}${existing:+; replaces ${existing:7:12}})"
+      summary+=("$(row "${layer}" would-build "${tag}")")
+      pending="${layer}"
+      continue
+    else
+      progress "${layer}: building ${tag} on ${layer_base_ref} (${base_id:7:12}) ..."
+      started=${SECONDS}
+      status=0
+      build_layer "${layer}" "${base_id}" "${inputs}" || status=$?
+      if ((status != 0)); then
+        if ((status == 3)); then
+          summary+=("$(row "${layer}" refused "(not tagged)" - "$((SECONDS - started)) s")")
+        else
+          summary+=("$(row "${layer}" failed "(not tagged)" - "$((SECONDS - started)) s")")
+        fi
+        failed="${layer}"
+        move_aside_from "${layer}"
+        break
+      fi
+      existing="$(image_id "${tag}")"
+      progress "${layer}: ${last_outcome}: tagged ${tag} (${existing:7:12}, $((SECONDS - started)) s)"
+      summary+=("$(row "${layer}" "${last_outcome}" "${tag}" "${existing:7:12}" "built in $((SECONDS - started)) s")")
+    fi
+    base_id="${existing}"
+    layer_base_ref="${tag}"
+  done
+
+  echo "build.sh: summary${check_only:+ (--check: nothing was built)}:"
+  printf '%s\n' "${summary[@]}"
+  if [[ -n "${failed}" ]]; then
+    echo "build.sh: FAILED at ${failed}; no tag was applied for ${failed} or any later layer"
+    exit "${status}"
+  fi
+  if [[ -z "${check_only}" && ${to_i} -lt $((${#LAYERS[@]} - 1)) ]]; then
+    local later
+    for ((i = to_i + 1; i < ${#LAYERS[@]}; i++)); do
+      later="$(tag_of "${LAYERS[i]}")"
+      if [[ -n "$(image_id "${later}")" \
+        && "$(label_of "${later}" glm53.base.id)" != "$(image_id "$(tag_of "${LAYERS[i - 1]}")")" ]]; then
+        log "note: ${later} was built on another $(tag_of "${LAYERS[i - 1]}"); rebuild it with --to ${LAYERS[i]}"
+      fi
+    done
+  fi
+}
+
+main "$@"
