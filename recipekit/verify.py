@@ -164,7 +164,9 @@ def import_problems(root: Path, modules: list[str], python: str = sys.executable
         result = subprocess.run(
             [python, "-c", f"import {module}"],
             cwd=root,
-            env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin", "HOME": str(Path.home())},
+            # No bytecode: the tree stays exactly what was patched and verified.
+            env={"PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1",
+                 "PATH": "/usr/bin:/bin", "HOME": str(Path.home())},
             capture_output=True,
             text=True,
             timeout=600,

@@ -29,7 +29,7 @@ def test_dflash2_pure_torch_parts_match_plain_loops(patched_0_27_1):
     probe = REPO_ROOT / "tests/vllm/probes/dflash2_parts.py"
     result = subprocess.run(
         [sys.executable, str(probe)], capture_output=True, text=True, timeout=600,
-        env={**os.environ, "PYTHONPATH": str(patched_0_27_1)},
+        env={**os.environ, "PYTHONPATH": str(patched_0_27_1), "PYTHONDONTWRITEBYTECODE": "1"},
     )
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
