@@ -4,7 +4,8 @@ Run with PYTHONPATH set to a vLLM 0.30.0 tree (patched by v11 or not). The specs
 shaped like GLM-5.3-Flash at tensor parallel 2: 11 MLA layers with a DSA indexer and
 its kpool tail each, 34 KDA (Mamba-type) states, and optionally 5 drafter sliding
 layers of window 2048. Prints one JSON object describing groups, tensor layout, bytes
-per block and the maximum-memory estimate, or the error raised.
+per block and the maximum-memory estimate, or the error raised, for each case named
+on the command line (target, drafter, two-page-sizes).
 """
 
 import json
@@ -113,13 +114,15 @@ def describe(specs: dict) -> dict:
 
 
 def main():
-    case = sys.argv[1]
-    specs = target_specs()
-    if case == "drafter":
-        specs.update(drafter_specs())
-    elif case == "two-page-sizes":
-        specs.update(drafter_specs(head_sizes=(128, 128, 128, 128, 64)))
-    json.dump({"case": case, "vllm_file": vllm.__file__, **describe(specs)}, sys.stdout)
+    report = {"vllm_file": vllm.__file__}
+    for case in sys.argv[1:]:
+        specs = target_specs()
+        if case == "drafter":
+            specs.update(drafter_specs())
+        elif case == "two-page-sizes":
+            specs.update(drafter_specs(head_sizes=(128, 128, 128, 128, 64)))
+        report[case] = describe(specs)
+    json.dump(report, sys.stdout)
     print()
 
 
