@@ -94,14 +94,18 @@ def run_layer(
     exact_patch.write(root, patch_plan)
     notes = "compiled, vLLM imports resolve, capability probe holds"
     modules = layer.importable_modules(files)
-    if modules and import_check != "off" and (import_check == "on" or torch_importable()):
+    if not modules:
+        pass
+    elif import_check == "off":
+        notes += "; module imports not checked (--import-check off)"
+    elif import_check == "on" or torch_importable():
         failures = import_problems(root, modules)
         if failures:
             _restore(root, patch_plan)
             return LayerResult(layer.name, "refused", files, "verify failed: " + "; ".join(failures))
         notes += f"; {len(modules)} touched modules import"
-    elif modules:
-        notes += "; module imports skipped (no torch here)"
+    else:
+        notes += "; module imports not checked (torch does not import here)"
     return LayerResult(layer.name, "applied", files, notes)
 
 
