@@ -17,7 +17,7 @@ class TreeView:
         self.root = Path(root)
         self.overlay = dict(overlay or {})
 
-    def with_overlay(self, edits: dict[str, bytes | None]) -> "TreeView":
+    def with_overlay(self, edits: dict[str, bytes | None]) -> TreeView:
         merged = dict(self.overlay)
         merged.update(edits)
         return TreeView(self.root, merged)

@@ -10,7 +10,6 @@ import half of them without importing anything.
 from __future__ import annotations
 
 import ast
-import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -71,9 +70,14 @@ class ImportChecker:
 
     def __init__(self, view: TreeView) -> None:
         self.view = view
+        self._summaries: dict[str, tuple | None] = {}
 
-    @functools.lru_cache(maxsize=None)
     def _module_summary(self, dotted: str):
+        if dotted not in self._summaries:
+            self._summaries[dotted] = self._summarise(dotted)
+        return self._summaries[dotted]
+
+    def _summarise(self, dotted: str):
         relative = self.view.module_file(dotted)
         if relative is None:
             return None
@@ -153,7 +157,7 @@ def static_problems(view: TreeView, files: list[str]) -> list[str]:
 
 
 def torch_importable(python: str = sys.executable) -> bool:
-    probe = subprocess.run([python, "-c", "import torch"], capture_output=True)
+    probe = subprocess.run([python, "-c", "import torch"], capture_output=True, check=False)
     return probe.returncode == 0
 
 
@@ -170,6 +174,7 @@ def import_problems(root: Path, modules: list[str], python: str = sys.executable
             capture_output=True,
             text=True,
             timeout=600,
+            check=False,
         )
         if result.returncode != 0:
             last = (result.stderr.strip().splitlines() or ["no output"])[-1]

@@ -15,7 +15,6 @@ import libcst as cst
 
 from recipekit.codepatch import (
     PATCHES_DIR,
-    CodePatchLayer,
     StepLog,
     code_of,
     dotted,
@@ -27,12 +26,11 @@ from recipekit.codepatch import (
     statement,
 )
 from recipekit.exact_patch import PatchRefused
+from recipekit.layers.glm5next import PACKAGE, Glm5NextPatchLayer
 from recipekit.tree import TreeView
 
-PACKAGE = "vllm/models/glm5next"
 TARGET = f"{PACKAGE}/nvidia/model.py"
 HELPER = f"{PACKAGE}/nvidia/mhc_aux_capture.py"
-NO_GLM5NEXT = "the base has no Glm5Next (vllm/models/glm5next/ is absent); v10 and v11 need a Glm5Next base such as vLLM 0.30.0 or the fork image"
 
 _CAPTURE = (
     "capture_aux_hidden_state(self, {idx}, hidden_states, residual, post, comb, full_num_tokens)"
@@ -124,16 +122,11 @@ def _rewrite_forward(forward: cst.FunctionDef, log: StepLog) -> cst.FunctionDef:
     return forward.with_changes(body=forward.body.with_changes(body=body))
 
 
-class Glm5NextAuxHiddenStates(CodePatchLayer):
+class Glm5NextAuxHiddenStates(Glm5NextPatchLayer):
     name = "v10"
     target = TARGET
     helper_source = PATCHES_DIR / "v10" / "mhc_aux_capture.py"
     helper_target = HELPER
-
-    def base_problem(self, view: TreeView) -> str | None:
-        if not view.exists(f"{PACKAGE}/__init__.py"):
-            return NO_GLM5NEXT
-        return None
 
     def rewrite(self, module: cst.Module, log: StepLog) -> cst.Module:
         module = ensure_import_names(

@@ -15,7 +15,6 @@ import libcst as cst
 
 from recipekit.codepatch import (
     PATCHES_DIR,
-    CodePatchLayer,
     StepLog,
     code_of,
     dotted,
@@ -23,7 +22,7 @@ from recipekit.codepatch import (
     statement,
 )
 from recipekit.exact_patch import PatchRefused
-from recipekit.layers.v10 import NO_GLM5NEXT, PACKAGE
+from recipekit.layers.glm5next import PACKAGE, Glm5NextPatchLayer
 from recipekit.tree import TreeView
 
 TARGET = "vllm/v1/core/kv_cache_utils.py"
@@ -184,16 +183,11 @@ def _rewrite_grouping(func: cst.FunctionDef, log: StepLog) -> cst.FunctionDef:
     return func.with_changes(body=func.body.with_changes(body=body))
 
 
-class Glm5NextDraftKVGroup(CodePatchLayer):
+class Glm5NextDraftKVGroup(Glm5NextPatchLayer):
     name = "v11"
     target = TARGET
     helper_source = PATCHES_DIR / "v11" / "glm5_next_draft_kv.py"
     helper_target = HELPER
-
-    def base_problem(self, view: TreeView) -> str | None:
-        if not view.exists(f"{PACKAGE}/__init__.py"):
-            return NO_GLM5NEXT
-        return None
 
     def rewrite(self, module: cst.Module, log: StepLog) -> cst.Module:
         module = self._ensure_helper_import(module, log)

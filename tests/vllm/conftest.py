@@ -49,5 +49,5 @@ def run_script(*args: str, cwd: Path = REPO_ROOT, env: dict | None = None):
     """Run a repository script with this interpreter; returns the CompletedProcess."""
     return subprocess.run(
         [sys.executable, *args], cwd=cwd, capture_output=True, text=True,
-        env={**os.environ, **(env or {})}, timeout=900,
+        env={**os.environ, **(env or {})}, timeout=900, check=False,
     )

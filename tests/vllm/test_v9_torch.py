@@ -28,7 +28,7 @@ def patched_0_27_1(tmp_path_factory, release):
 def test_dflash2_pure_torch_parts_match_plain_loops(patched_0_27_1):
     probe = REPO_ROOT / "tests/vllm/probes/dflash2_parts.py"
     result = subprocess.run(
-        [sys.executable, str(probe)], capture_output=True, text=True, timeout=600,
+        [sys.executable, str(probe)], capture_output=True, text=True, timeout=600, check=False,
         env={**os.environ, "PYTHONPATH": str(patched_0_27_1), "PYTHONDONTWRITEBYTECODE": "1"},
     )
     assert result.returncode == 0, result.stderr[-2000:]

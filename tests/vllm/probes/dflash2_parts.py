@@ -8,7 +8,6 @@ import itertools
 import json
 
 import torch
-
 import vllm
 from vllm.model_executor.models import qwen3_dflash2
 from vllm.v1.worker.gpu.spec_decode.dflash2 import speculator

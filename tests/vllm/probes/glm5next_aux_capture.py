@@ -13,19 +13,18 @@ import sys
 from types import SimpleNamespace
 
 import torch
-from torch import nn
-
 import vllm.platforms
+from torch import nn
 from vllm.platforms.cpu import CpuPlatform
 
 vllm.platforms._current_platform = CpuPlatform()
 
-from vllm.config import VllmConfig, set_current_vllm_config  # noqa: E402
-from vllm.model_executor.layers.mhc import MHCPostOp  # noqa: E402
-from vllm.model_executor.models.interfaces import EagleModelMixin, supports_eagle3  # noqa: E402
-from vllm.models.glm5next.nvidia import mhc_aux_capture  # noqa: E402
-from vllm.models.glm5next.nvidia import model as glm  # noqa: E402
-from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import (  # noqa: E402
+from vllm.config import VllmConfig, set_current_vllm_config
+from vllm.model_executor.layers.mhc import MHCPostOp
+from vllm.model_executor.models.interfaces import EagleModelMixin, supports_eagle3
+from vllm.models.glm5next.nvidia import mhc_aux_capture
+from vllm.models.glm5next.nvidia import model as glm
+from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import (
     get_eagle3_aux_layers_from_config,
 )
 

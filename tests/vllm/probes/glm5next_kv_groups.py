@@ -13,20 +13,19 @@ import sys
 from types import SimpleNamespace
 
 import torch
-
 import vllm.platforms
 from vllm.platforms.cpu import CpuPlatform
 
 vllm.platforms._current_platform = CpuPlatform()
 
-from vllm.v1.core import kv_cache_utils as utils  # noqa: E402
-from vllm.v1.kv_cache_layout import KVCacheLayout  # noqa: E402
-from vllm.v1.kv_cache_interface import (  # noqa: E402
+from vllm.v1.core import kv_cache_utils as utils
+from vllm.v1.kv_cache_interface import (
     KpoolTailSpec,
     MambaSpec,
     MLAAttentionSpec,
     SlidingWindowSpec,
 )
+from vllm.v1.kv_cache_layout import KVCacheLayout
 
 BLOCK = 1024  # the hybrid attention block, large enough that a KDA state fits an MLA page
 KV_PIN = 4_445_787_956  # the recipe's --kv-cache-memory-bytes
