@@ -1,6 +1,5 @@
 """The layer runner's probe/apply/verify sequence, with a small synthetic layer."""
 
-import sys
 
 import pytest
 
