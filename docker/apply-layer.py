@@ -77,21 +77,36 @@ def install_dependencies() -> None:
     if STAMP.is_file() and STAMP.read_text().strip() == wanted:
         say(f"tool dependencies already in {PYLIB} (same wheelhouse)")
         return
-    if subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True).returncode:
+    if subprocess.run(
+        [sys.executable, "-m", "pip", "--version"], capture_output=True, check=False
+    ).returncode:
         fail(
             f"{sys.executable} -m pip is not available in this base; the layer tool's "
             f"dependencies are installed with pip from {RECIPE / 'wheelhouse'} (offline)"
         )
     shutil.rmtree(PYLIB, ignore_errors=True)
     command = [
-        sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-compile",
-        "--no-warn-script-location", "--find-links", str(RECIPE / "wheelhouse"),
-        "--target", str(PYLIB), "-r", str(RECIPE / "requirements" / "tool.txt"),
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--no-index",
+        "--no-compile",
+        "--no-warn-script-location",
+        "--find-links",
+        str(RECIPE / "wheelhouse"),
+        "--target",
+        str(PYLIB),
+        "-r",
+        str(RECIPE / "requirements" / "tool.txt"),
     ]
     # The base's pip configuration (indexes, constraints) has no say: only the wheelhouse.
     env = {key: value for key, value in os.environ.items() if not key.startswith("PIP_")}
-    env.update(PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_ROOT_USER_ACTION="ignore")
-    if subprocess.run(command, env=env).returncode:
+    env.update(
+        PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_ROOT_USER_ACTION="ignore"
+    )
+    if subprocess.run(command, env=env, check=False).returncode:
         fail(
             f"pip could not install requirements/tool.txt from {RECIPE / 'wheelhouse'}; the "
             "wheelhouse must match this base's Python and platform (scripts/build.sh makes it)"
@@ -117,23 +132,36 @@ def vllm_root() -> Path:
 
 
 def run_layer(layer: str, root: Path) -> dict:
-    command = [sys.executable, str(RECIPE / "scripts" / "patch-layer"), layer, "--root", str(root), "--json"]
+    command = [
+        sys.executable,
+        str(RECIPE / "scripts" / "patch-layer"),
+        layer,
+        "--root",
+        str(root),
+        "--json",
+    ]
     if layer == "v9":
         command += ["--diff", str(BACKPORT_DIFF)]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PYLIB), env.get("PYTHONPATH", "")]))
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     say(f"{layer}: scripts/patch-layer {layer} --root {root}")
-    result = subprocess.run(command, stdout=subprocess.PIPE, text=True, env=env)
+    result = subprocess.run(command, stdout=subprocess.PIPE, text=True, env=env, check=False)
     try:
         record = json.loads(result.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
-        fail(f"{layer}: patch-layer exited {result.returncode} without a JSON result: {result.stdout!r}")
+        fail(
+            f"{layer}: patch-layer exited {result.returncode} without a JSON result: {result.stdout!r}"
+        )
     if record.get("layer") != layer or "outcome" not in record:
         fail(f"{layer}: patch-layer printed an unexpected result: {record}")
     outcome = record["outcome"]
     if outcome == "refused" or result.returncode == 3:
-        print(f"glm53 layer: {layer}: REFUSED: {record.get('reason', '')}", file=sys.stderr, flush=True)
+        print(
+            f"glm53 layer: {layer}: REFUSED: {record.get('reason', '')}",
+            file=sys.stderr,
+            flush=True,
+        )
         sys.exit(3)
     if result.returncode != 0 or outcome not in OK_OUTCOMES:
         fail(f"{layer}: patch-layer exited {result.returncode} with outcome {outcome!r}")
@@ -144,7 +172,7 @@ def main() -> None:
     if len(sys.argv) != 2 or sys.argv[1] not in LAYERS:
         fail(f"usage: apply-layer.py {{{'|'.join(LAYERS)}}}")
     layer = sys.argv[1]
-    if sys.version_info < (3, 10):
+    if sys.version_info < (3, 10):  # noqa: UP036 (runs on the base's python3, whatever it is)
         fail(f"the layer tool needs Python >= 3.10; {sys.executable} is {sys.version.split()[0]}")
     root = vllm_root()
     say(f"{layer}: vllm package at {root / 'vllm'} (python {sys.version.split()[0]})")

@@ -1,0 +1,79 @@
+"""Image tier: a real Docker engine, stand-in bases, the chain built by scripts/build.sh.
+
+Every test that needs the engine takes the ``docker_engine`` fixture: it FAILS when no
+engine answers (the tier must not pass by skipping), unless GLM53_SKIP_IMAGE_TIER=1 asks to
+skip it. Chain images get a tag prefix unique to the session (removed at the end), so a
+user's own glm53-sm121-* images are never touched; the stand-in bases are content-keyed and
+kept, so a second run on the same machine reuses them.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+
+import pytest
+
+from tests.image.imagetools import MAKE_STANDIN, docker, image_id, run_build
+
+SKIP_VAR = "GLM53_SKIP_IMAGE_TIER"
+
+
+@pytest.fixture(scope="session")
+def docker_engine() -> None:
+    if os.environ.get(SKIP_VAR) == "1":
+        pytest.skip(f"{SKIP_VAR}=1: the image tier (a real Docker engine) was asked to be skipped")
+    try:
+        result = docker("info", "--format", "{{.ServerVersion}}", check=False)
+    except FileNotFoundError:
+        pytest.fail(f"no docker CLI on PATH; install docker.io (see .ci/run) or set {SKIP_VAR}=1")
+    if result.returncode != 0 or not result.stdout.strip():
+        pytest.fail(
+            f"no Docker engine answers (docker info: {result.stderr.strip()[:200]}); start "
+            f"dockerd as .ci/run does, or set {SKIP_VAR}=1 to skip the image tier"
+        )
+
+
+@pytest.fixture(scope="session")
+def standin(docker_engine):
+    """make_standin(version, drift=None) -> tag of a cached stand-in base image."""
+    made: dict[tuple[str, str | None], str] = {}
+
+    def make(version: str, drift: str | None = None) -> str:
+        key = (version, drift)
+        if key not in made:
+            command = [str(MAKE_STANDIN), *(["--drift", drift] if drift else []), version]
+            result = subprocess.run(command, capture_output=True, text=True, check=False)
+            assert result.returncode == 0, f"{command} failed:\n{result.stderr}"
+            made[key] = result.stdout.strip().splitlines()[-1]
+            assert image_id(made[key]), f"make-standin printed {made[key]!r}, not an image"
+        return made[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def session_prefix(docker_engine):
+    """A tag-prefix factory unique to this session; every image under it is removed at the end."""
+    session = f"glm53t-{uuid.uuid4().hex[:8]}"
+    used: list[str] = []
+
+    def prefix(name: str) -> str:
+        value = f"{session}-{name}-"
+        used.append(value)
+        return value
+
+    yield prefix
+    listing = docker("images", "--format", "{{.Repository}}:{{.Tag}}", check=False).stdout.split()
+    ours = sorted((ref for ref in listing if ref.startswith(session)), reverse=True)
+    if ours:
+        docker("rmi", *ours, check=False)
+
+
+@pytest.fixture(scope="session")
+def chain_0300(standin, session_prefix):
+    """The chain built on the vLLM 0.30.0 stand-in: (prefix, base tag, the build run)."""
+    base = standin("0.30.0")
+    prefix = session_prefix("v0300")
+    return prefix, base, run_build(prefix, "--base", base)

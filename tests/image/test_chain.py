@@ -1,0 +1,267 @@
+"""The image chain v9 -> v10 -> v11 built by scripts/build.sh on stand-in bases, real engine."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+from tests.image.imagetools import LAYERS, REPO_ROOT, docker, image_id, labels, run_build
+
+PATCH_LAYER = REPO_ROOT / "scripts" / "patch-layer"
+OK = ("applied", "already-applied", "provided-by-base")
+
+
+def tag(prefix: str, layer: str) -> str:
+    return f"{prefix}glm53-sm121-{layer}"
+
+
+def vllm_src(version: str) -> Path:
+    out = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "scripts" / "vllm-src"), version],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return Path(out.stdout.strip())
+
+
+def tree_from_image(ref: str, directory: str) -> dict[str, bytes]:
+    """Every regular file under ``directory`` in the image, by path relative to its parent."""
+    container = docker("create", ref, "true").stdout.strip()
+    try:
+        stream = subprocess.run(
+            ["docker", "cp", f"{container}:{directory}", "-"], capture_output=True, check=True
+        ).stdout
+    finally:
+        docker("rm", container, check=False)
+    files = {}
+    with tarfile.open(fileobj=io.BytesIO(stream)) as archive:
+        for member in archive.getmembers():
+            if member.isfile():
+                files[member.name] = archive.extractfile(member).read()
+    return files
+
+
+def tree_from_disk(root: Path) -> dict[str, bytes]:
+    return {
+        str(path.relative_to(root)): path.read_bytes()
+        for path in sorted(root.rglob("*"))
+        if path.is_file()
+    }
+
+
+def patch_on_host(root: Path, layer: str, *extra: str) -> dict:
+    result = subprocess.run(
+        [sys.executable, str(PATCH_LAYER), layer, "--root", str(root), "--json", *extra],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.stdout.strip(), f"patch-layer {layer} printed nothing: {result.stderr}"
+    return json.loads(result.stdout)
+
+
+def backport_diff(prefix: str) -> Path:
+    sha = labels(tag(prefix, "v9"))["glm53.backport.sha256"]
+    path = REPO_ROOT / "build" / "backport" / f"dflash2-{sha[:16]}.diff"
+    assert path.is_file(), f"{path} missing after build.sh generated the backport"
+    return path
+
+
+def test_chain_on_0300_standin_builds_every_layer_with_labels(chain_0300):
+    prefix, base, run = chain_0300
+    assert run.returncode == 0, run.output
+    expected = {"v9": "provided-by-base", "v10": "applied", "v11": "applied"}
+    manifest = json.loads((REPO_ROOT / "patches" / "v9" / "manifest.json").read_text())
+    parent = image_id(base)
+    patch_hashes = set()
+    for layer, outcome in expected.items():
+        found = labels(tag(prefix, layer))
+        assert found["glm53.layer"] == layer
+        assert found["glm53.outcome"] == outcome, found.get("glm53.reason")
+        assert found["glm53.base.id"] == parent, f"{layer} was not built on the previous layer"
+        assert re.fullmatch(r"[0-9a-f]{64}", found["glm53.inputs"])
+        assert re.fullmatch(r"[0-9a-f]{64}", found["glm53.patch.sha256"])
+        assert found["glm53.backport.sha256"] == manifest["diff_sha256"]
+        assert re.fullmatch(r"[0-9a-f]{40}(-dirty)?", found["glm53.commit"])
+        assert re.fullmatch(r"/usr/local/lib/python3\.\d+/dist-packages", found["glm53.vllm.root"])
+        patch_hashes.add(found["glm53.patch.sha256"])
+        assert f"{layer}: {outcome}: tagged {tag(prefix, layer)}" in run.output
+        parent = image_id(tag(prefix, layer))
+    assert len(patch_hashes) == 3, "each layer carries its own patch hash"
+    assert labels(tag(prefix, "v11"))["glm53.chain"] == (
+        "v9=provided-by-base v10=applied v11=applied"
+    )
+    assert labels(tag(prefix, "v10"))["glm53.files"].split(",") == [
+        "vllm/models/glm5next/nvidia/model.py",
+        "vllm/models/glm5next/nvidia/mhc_aux_capture.py",
+    ]
+    assert "build.sh: summary:" in run.output
+
+
+def test_v11_image_tree_is_byte_identical_to_patch_layer_on_a_host_copy(chain_0300, tmp_path):
+    prefix, _, run = chain_0300
+    assert run.returncode == 0, run.output
+    release = vllm_src("0.30.0")
+    host_root = tmp_path / "tree"
+    shutil.copytree(release / "vllm", host_root / "vllm")
+    touched = set()
+    for layer in LAYERS:
+        extra = ["--import-check", "off"]
+        if layer == "v9":
+            extra += ["--diff", str(backport_diff(prefix))]
+        result = patch_on_host(host_root, layer, *extra)
+        assert result["outcome"] == labels(tag(prefix, layer))["glm53.outcome"], result
+        touched.update(result["files"])
+    root_in_image = labels(tag(prefix, "v11"))["glm53.vllm.root"]
+    in_image = tree_from_image(tag(prefix, "v11"), f"{root_in_image}/vllm")
+    on_host = tree_from_disk(host_root)
+    assert sorted(in_image) == sorted(on_host), (
+        f"only in image: {sorted(set(in_image) - set(on_host))[:5]}, "
+        f"only on host: {sorted(set(on_host) - set(in_image))[:5]}"
+    )
+    differing = [name for name in on_host if in_image[name] != on_host[name]]
+    assert differing == []
+    pristine = tree_from_disk(release)
+    assert len(touched) >= 4
+    for name in touched:
+        assert in_image[name] != pristine.get(name), f"{name} was not changed by the chain"
+
+
+def test_toolkit_is_in_the_serving_image(chain_0300):
+    prefix, _, run = chain_0300
+    assert run.returncode == 0, run.output
+    result = docker(
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "--entrypoint",
+        "python3",
+        tag(prefix, "v11"),
+        "-c",
+        "import os, json; r = '/opt/glm53-recipe';"
+        "print(json.dumps(sorted(os.listdir(r)))); "
+        "print(json.dumps(json.load(open(r + '/build-record/v11.json'))))",
+    )
+    entries, record = (json.loads(line) for line in result.stdout.splitlines())
+    for needed in ("scripts", "recipekit", "patches", "pylib", "build-record", "wheelhouse"):
+        assert needed in entries
+    assert ".incoming" not in entries
+    assert record["layer"] == "v11" and record["outcome"] == "applied"
+    # The tool runs inside the image: a --check of v11 on the built tree says already applied.
+    check = docker(
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "--entrypoint",
+        "sh",
+        tag(prefix, "v11"),
+        "-c",
+        "PYTHONPATH=/opt/glm53-recipe/pylib python3 /opt/glm53-recipe/scripts/patch-layer v11 "
+        f"--root {record['vllm_root']} --check --json",
+    )
+    assert json.loads(check.stdout)["outcome"] == "already-applied"
+    assert (
+        docker(
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "--entrypoint",
+            "sh",
+            tag(prefix, "v11"),
+            "-c",
+            "command -v vllm",
+        ).stdout.strip()
+        == "/usr/local/bin/vllm"
+    )
+
+
+def test_rebuild_with_unchanged_inputs_builds_nothing(chain_0300):
+    prefix, base, first = chain_0300
+    assert first.returncode == 0, first.output
+    before = {layer: image_id(tag(prefix, layer)) for layer in LAYERS}
+    again = run_build(prefix, "--base", base)
+    assert again.returncode == 0, again.output
+    for layer in LAYERS:
+        assert f"{layer}: up to date: {tag(prefix, layer)}" in again.output
+    assert "building" not in again.output
+    assert {layer: image_id(tag(prefix, layer)) for layer in LAYERS} == before
+    print(f"no-op rebuild: {again.seconds:.2f} s")
+    assert again.seconds < 60, f"a no-op rebuild took {again.seconds:.1f} s"
+
+
+def test_check_prints_the_plan_and_builds_nothing(chain_0300, session_prefix):
+    prefix, base, first = chain_0300
+    assert first.returncode == 0, first.output
+    up_to_date = run_build(prefix, "--base", base, "--check")
+    assert up_to_date.returncode == 0, up_to_date.output
+    assert up_to_date.output.count("up to date:") == 3
+    fresh = session_prefix("check")
+    plan = run_build(fresh, "--base", base, "--check")
+    assert plan.returncode == 0, plan.output
+    assert f"v9: would build {tag(fresh, 'v9')} on {base}" in plan.output
+    assert f"v10: would build {tag(fresh, 'v10')} after v9" in plan.output
+    assert f"v11: would build {tag(fresh, 'v11')} after v9" in plan.output
+    assert "nothing was built" in plan.output
+    assert all(image_id(tag(fresh, layer)) is None for layer in LAYERS)
+
+
+def test_0271_standin_v9_applies_then_v10_refuses_no_glm5next(standin, session_prefix):
+    base = standin("0.27.1")
+    prefix = session_prefix("v0271")
+    # The refusal patch-layer gives on the same release on the host is what the build shows.
+    expected = patch_on_host(vllm_src("0.27.1"), "v10", "--check", "--import-check", "off")
+    assert expected["outcome"] == "refused" and "no Glm5Next" in expected["reason"], expected
+    run = run_build(prefix, "--base", base)
+    assert run.returncode == 3, run.output
+    assert expected["reason"].splitlines()[0] in run.output
+    assert "REFUSED" in run.output
+    v9 = labels(tag(prefix, "v9"))
+    assert v9["glm53.outcome"] == "applied"
+    assert "vllm/model_executor/models/qwen3_dflash2.py" in v9["glm53.files"].split(",")
+    assert image_id(tag(prefix, "v10")) is None
+    assert image_id(tag(prefix, "v11")) is None
+    assert "build.sh: FAILED at v10" in run.output
+
+
+def test_drifted_standin_fails_at_that_layer_and_leaves_it_untagged(
+    standin, session_prefix, tmp_path
+):
+    base = standin("0.30.0", drift="v11")
+    prefix = session_prefix("drift")
+    # What patch-layer says on the same drifted tree on the host is what the build must show.
+    python = labels(base)["glm53.standin.python"]
+    for name, data in tree_from_image(
+        base, f"/usr/local/lib/python{python}/dist-packages/vllm"
+    ).items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(data)
+    expected = patch_on_host(tmp_path, "v11", "--check", "--import-check", "off")
+    assert expected["outcome"] == "refused", expected
+    # An image an earlier build left under the v11 tag must not pass for this build's result.
+    docker("tag", base, tag(prefix, "v11"))
+    run = run_build(prefix, "--base", base)
+    assert run.returncode == 3, run.output
+    assert expected["reason"].splitlines()[0] in run.output
+    assert labels(tag(prefix, "v9"))["glm53.outcome"] == "provided-by-base"
+    assert labels(tag(prefix, "v10"))["glm53.outcome"] == "applied"
+    assert image_id(tag(prefix, "v11")) is None, "the failed layer must not be tagged"
+    assert image_id(f"{tag(prefix, 'v11')}:stale") == image_id(base)
+    assert "build.sh: FAILED at v11" in run.output
+
+
+def test_missing_base_is_refused_by_name(session_prefix):
+    prefix = session_prefix("nobase")
+    run = run_build(prefix, "--base", "glm53-no-such-base:none")
+    assert run.returncode == 1
+    assert "base image glm53-no-such-base:none not found" in run.output
+    assert all(image_id(tag(prefix, layer)) is None for layer in LAYERS)
