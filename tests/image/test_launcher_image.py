@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -70,7 +71,7 @@ def models(port: str) -> dict:
         return json.load(answer)
 
 
-def test_two_ranks_start_answer_and_stop(launcher_env):
+def test_two_ranks_start_answer_bench_and_stop(launcher_env, tmp_path):
     started = subprocess.run([str(REPO_ROOT / "run.sh")], env=launcher_env, capture_output=True,
                              text=True, timeout=300, check=False)
     assert started.returncode == 0, started.stdout + started.stderr
@@ -79,6 +80,20 @@ def test_two_ranks_start_answer_and_stop(launcher_env):
     assert models(launcher_env["PORT"])["data"][0]["id"]
     worker_argv = docker("inspect", "--format", "{{json .Args}}", "glm53-rank1").stdout
     assert "--headless" in worker_argv and "--node-rank" in worker_argv
+
+    receipt = tmp_path / "bench.json"
+    bench = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "bench" / "bench_decode.py"), "--url",
+         f"http://127.0.0.1:{launcher_env['PORT']}", "--runs", "1", "--concurrency", "1,2",
+         "--max-tokens", "20", "--json", str(receipt)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert bench.returncode == 0, bench.stdout + bench.stderr
+    cells = json.loads(receipt.read_text())["cells"]
+    assert [(c["phase"], c["concurrency"]) for c in cells] == [
+        ("prose", 1), ("prose", 2), ("structured", 1), ("structured", 2)]
+    assert all(c["failed_streams"] == 0 and c["per_stream_tok_s"]["median"] > 0 for c in cells)
+    assert all(c["acceptance_length"] is None for c in cells)  # SPEC=off: no drafting
 
     stopped = subprocess.run([str(REPO_ROOT / "stop.sh")], env=launcher_env, capture_output=True,
                              text=True, timeout=120, check=False)
