@@ -55,20 +55,29 @@ def standin(docker_engine):
 
 @pytest.fixture(scope="session")
 def session_prefix(docker_engine):
-    """A tag-prefix factory unique to this session; every image under it is removed at the end."""
+    """A tag-prefix factory unique to this session; every image under it is removed at the end.
+
+    So are the untagged images the session's builds left (a failed build keeps its finished
+    steps as cache; with vfs each is a full copy of the image), but none that existed before.
+    """
     session = f"glm53t-{uuid.uuid4().hex[:8]}"
-    used: list[str] = []
+    before = set(docker("images", "-a", "-q", "--no-trunc", check=False).stdout.split())
 
     def prefix(name: str) -> str:
-        value = f"{session}-{name}-"
-        used.append(value)
-        return value
+        return f"{session}-{name}-"
 
     yield prefix
     listing = docker("images", "--format", "{{.Repository}}:{{.Tag}}", check=False).stdout.split()
     ours = sorted((ref for ref in listing if ref.startswith(session)), reverse=True)
     if ours:
         docker("rmi", *ours, check=False)
+    for _ in range(5):
+        untagged = docker(
+            "images", "-a", "-q", "--no-trunc", "--filter", "dangling=true", check=False
+        ).stdout.split()
+        leftovers = [image for image in untagged if image not in before]
+        if not leftovers or docker("rmi", *leftovers, check=False).returncode == 0:
+            break
 
 
 @pytest.fixture(scope="session")

@@ -137,52 +137,27 @@ def test_v11_image_tree_is_byte_identical_to_patch_layer_on_a_host_copy(chain_03
 def test_toolkit_is_in_the_serving_image(chain_0300):
     prefix, _, run = chain_0300
     assert run.returncode == 0, run.output
-    result = docker(
-        "run",
-        "--rm",
-        "--network",
-        "none",
-        "--entrypoint",
-        "python3",
-        tag(prefix, "v11"),
-        "-c",
-        "import os, json; r = '/opt/glm53-recipe';"
-        "print(json.dumps(sorted(os.listdir(r)))); "
-        "print(json.dumps(json.load(open(r + '/build-record/v11.json'))))",
-    )
-    entries, record = (json.loads(line) for line in result.stdout.splitlines())
-    for needed in ("scripts", "recipekit", "patches", "pylib", "build-record", "wheelhouse"):
-        assert needed in entries
-    assert ".incoming" not in entries
-    assert record["layer"] == "v11" and record["outcome"] == "applied"
-    # The tool runs inside the image: a --check of v11 on the built tree says already applied.
-    check = docker(
-        "run",
-        "--rm",
-        "--network",
-        "none",
-        "--entrypoint",
-        "sh",
-        tag(prefix, "v11"),
-        "-c",
+    root = labels(tag(prefix, "v11"))["glm53.vllm.root"]
+    # One container: the toolkit's layout, the v11 record, a --check of v11 by the tool inside
+    # the image on its own tree (already applied), and the fake vllm on PATH.
+    script = (
+        "set -e; ls -A /opt/glm53-recipe | tr '\\n' ' '; echo; "
+        "cat /opt/glm53-recipe/build-record/v11.json | tr -d '\\n'; echo; "
         "PYTHONPATH=/opt/glm53-recipe/pylib python3 /opt/glm53-recipe/scripts/patch-layer v11 "
-        f"--root {record['vllm_root']} --check --json",
+        f"--root {root} --check --json; command -v vllm"
     )
-    assert json.loads(check.stdout)["outcome"] == "already-applied"
-    assert (
-        docker(
-            "run",
-            "--rm",
-            "--network",
-            "none",
-            "--entrypoint",
-            "sh",
-            tag(prefix, "v11"),
-            "-c",
-            "command -v vllm",
-        ).stdout.strip()
-        == "/usr/local/bin/vllm"
+    result = docker(
+        "run", "--rm", "--network", "none", "--entrypoint", "sh", tag(prefix, "v11"), "-c", script
     )
+    entries, record, check, vllm = result.stdout.splitlines()
+    for needed in ("scripts", "recipekit", "patches", "pylib", "build-record", "wheelhouse"):
+        assert needed in entries.split()
+    assert ".incoming" not in entries.split()
+    record = json.loads(record)
+    assert record["layer"] == "v11" and record["outcome"] == "applied"
+    assert record["vllm_root"] == root
+    assert json.loads(check)["outcome"] == "already-applied"
+    assert vllm == "/usr/local/bin/vllm"
 
 
 def test_rebuild_with_unchanged_inputs_builds_nothing(chain_0300):
