@@ -66,10 +66,6 @@ def find_method(cls: cst.ClassDef, name: str, target: str) -> cst.FunctionDef:
     raise PatchRefused(f"{target}: method {cls.name.value}.{name} not found; the base drifted")
 
 
-def replace_in_module(module: cst.Module, old: cst.CSTNode, new: cst.CSTNode) -> cst.Module:
-    return module.deep_replace(old, new)
-
-
 def ensure_base(cls: cst.ClassDef, base: str, log: StepLog, step: str) -> cst.ClassDef:
     """``cls`` with ``base`` among its bases (appended last)."""
     present = any(dotted(arg.value) == base for arg in cls.bases)
