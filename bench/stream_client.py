@@ -77,7 +77,7 @@ class StreamRecord:
         return out
 
 
-def _error_message(payload: object) -> str:
+def error_message(payload: object) -> str:
     if isinstance(payload, dict):
         inner = payload.get("error", payload)
         if isinstance(inner, dict):
@@ -119,7 +119,7 @@ class _StreamParse:
         if not isinstance(obj, dict):
             return
         if "error" in obj or obj.get("object") == "error":
-            self.error = self.error or f"error_event: {_error_message(obj)}"
+            self.error = self.error or f"error_event: {error_message(obj)}"
             return
         usage = obj.get("usage")
         choices = obj.get("choices") or []
@@ -227,7 +227,7 @@ async def _post_and_parse(session: aiohttp.ClientSession, url: str, body: dict,
             if reply.status != 200:
                 raw = await reply.read()
                 try:
-                    message = _error_message(json.loads(raw))
+                    message = error_message(json.loads(raw))
                 except ValueError:
                     message = raw[:300].decode("utf-8", "replace")
                 return _fail(record, f"http_{reply.status}", message), t_sent

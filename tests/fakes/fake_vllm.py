@@ -849,7 +849,8 @@ async def answer_request(state: FakeState, body: dict, t0: float,
         head = {"id": f"chatcmpl-fake{state.arrivals}", "object": "chat.completion.chunk",
                 "created": int(time.time()), "model": program.served_name}
         options = body.get("stream_options") or {}
-        continuous = bool(options.get("include_usage") and options.get("continuous_usage_stats"))
+        continuous = bool(options.get("include_usage") and options.get("continuous_usage_stats")
+                          and program.continuous_usage)
         deltas = ([{answers.reasoning_field: p} for p in reasoning]
                   + [{"content": p} for p in content]
                   + [{"tool_calls": [dict(call, index=i)]}
