@@ -602,7 +602,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"server base URL, a trailing /v1 is fine (default {DEFAULT_URL})")
     p.add_argument("--model", help="model id (default: the one /v1/models lists)")
     p.add_argument("--only", type=_probe_list, default=list(PROBE_NAMES),
-                   help=f"comma-separated probes to run (default all: {','.join(PROBE_NAMES)})")
+                   help=f"comma-separated probes to run (default all: {', '.join(PROBE_NAMES)})")
     p.add_argument("--prompt-tokens", type=_prompt_tokens, default=DEFAULT_PROMPT_TOKENS,
                    help=f"the needle prompt's length in tokens (default {DEFAULT_PROMPT_TOKENS})")
     p.add_argument("--json", dest="json_path", nargs="?", const="-", metavar="FILE",
