@@ -118,7 +118,7 @@ def _memory_csv(path):
     entering each phase a little later and dipping under its kv_ready floor once."""
     phases = (("load", 0.0), ("profile", 20.0), ("kv_ready", 32.0), ("serving", 41.0))
     rows, t0 = [], 1_790_000_000.0
-    for tick in range(0, 50 * 4):
+    for tick in range(50 * 4):
         elapsed = tick / 4
         for index, node in enumerate(NODES):
             lag = 0.5 * index
@@ -170,8 +170,8 @@ def test_memory_png_is_written_beside_the_samples(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("text,message", [
-    ("time,node\n1,a\n", "the first line must be time_unix,elapsed_s,node,phase,"
-                          "mem_available_bytes,floor_bytes (a memory guard sample file)"),
+    ("time,node\n1,a\n", ("the first line must be time_unix,elapsed_s,node,phase,"
+                          "mem_available_bytes,floor_bytes (a memory guard sample file)")),
     (",".join(plot.MEMORY_HEADER) + "\n", "no samples after the header"),
     (",".join(plot.MEMORY_HEADER) + "\n1,0,n1,boot,100,10\n",
      ":2: phase 'boot' is not one of load, profile, kv_ready, serving"),

@@ -125,8 +125,8 @@ FAILURES = [
     (("--answer-faults", "tool_as_text"), "tool_call", "fail",
      "came back as text in content, not as a parsed tool_calls entry"),
     (("--answer-faults", "tool_none"), "tool_call", "fail",
-     "no tool_calls entry (tool_calls absent, finish_reason stop); content: "
-     "'I cannot look up the weather.'"),
+     ("no tool_calls entry (tool_calls absent, finish_reason stop); content: "
+      "'I cannot look up the weather.'")),
     (("--answer-faults", "tool_none", "--empty-tool-calls", "null"), "tool_call", "fail",
      "no tool_calls entry (tool_calls null"),
     (("--answer-faults", "tool_bad_arguments"), "tool_call", "fail",
@@ -136,20 +136,20 @@ FAILURES = [
     (("--answer-faults", "think_in_content"), "thinking_off", "fail",
      "content holds 2 think tag(s): '<think>Let me think"),
     (("--answer-faults", "reasoning_leak"), "thinking_off", "fail",
-     "reasoning holds 37 chars: 'Let me think about this step by step.'; usage counts 8 "
-     "reasoning tokens"),
+     ("reasoning holds 37 chars: 'Let me think about this step by step.'; usage counts 8 "
+      "reasoning tokens")),
     (("--answer-faults", "reasoning_leak", "--reasoning-field", "reasoning_content"),
      "thinking_off", "fail", "reasoning_content holds 37 chars"),
     (("--answer-faults", "tool_as_text"), "tool_conversation", "fail",
      "turn 1: the call came back as text in content"),
     (("--answer-faults", "tool_result_ignored"), "tool_conversation", "fail",
-     "turn 2 does not use the tool result (23 C, light drizzle): "
-     "'I do not know the weather there.'"),
+     ("turn 2 does not use the tool result (23 C, light drizzle): "
+      "'I do not know the weather there.'")),
     (("--answer-faults", "tool_again"), "tool_conversation", "fail",
      "turn 2 called a tool again instead of answering"),
     (("--answer-faults", "not_json"), "thinking_off", "error",
-     "no answer to judge: HTTP 200 but the body is not JSON: "
-     "'<html><body>502 Bad Gateway</body></html>'"),
+     ("no answer to judge: HTTP 200 but the body is not JSON: "
+      "'<html><body>502 Bad Gateway</body></html>'")),
     (("--faults", "http500@1"), "counting", "error",
      "no answer to judge: HTTP 500: fake: injected server error"),
     (("--faults", "http400@3"), "needle", "error",
@@ -258,7 +258,7 @@ def test_unreachable_server_exits_2_with_one_line(capsys):
 
 def test_a_server_that_is_not_openai_compatible_exits_2(capsys):
     class NotFound(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 (http.server's name)
+        def do_GET(self):
             self.send_response(404)
             self.end_headers()
 
