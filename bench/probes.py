@@ -296,22 +296,23 @@ async def _prompt_tokens_of(target: Target, text: str) -> int | None:
 
 async def size_needle_prompt(target: Target) -> tuple[int, dict]:
     """Filler notes that bring the prompt to --prompt-tokens, measured with the server's own
-    tokenizer: two one-token requests (no notes, and CALIBRATION_NOTES) read usage.prompt_tokens.
+    tokenizer: two one-token requests (no notes, and some notes) read usage.prompt_tokens.
     Their salt differs from the probe's, so neither warms the probe's prefix cache."""
     salt = "calibration-" + secrets.token_hex(4)
-    base = await _prompt_tokens_of(target, needle_prompt(salt, "XXXX-XXXX", 0).text)
-    full = await _prompt_tokens_of(target, needle_prompt(salt, "XXXX-XXXX",
-                                                         CALIBRATION_NOTES).text)
+    # about 20 tokens a note: stay well inside a small max_model_len
+    sample_notes = max(10, min(CALIBRATION_NOTES, target.prompt_tokens // 40))
+    frame, sample = (needle_prompt(salt, "XXXX-XXXX", n).text for n in (0, sample_notes))
+    base = await _prompt_tokens_of(target, frame)
+    full = await _prompt_tokens_of(target, sample)
     if base is None or full is None or full <= base:
         # no usage from this server: about four characters per token
-        sample = needle_prompt(salt, "XXXX-XXXX", CALIBRATION_NOTES).text
-        base = len(needle_prompt(salt, "XXXX-XXXX", 0).text) // 4
-        per_note, method = (len(sample) // 4 - base) / CALIBRATION_NOTES, "estimated_4_chars"
+        base, full, method = len(frame) // 4, len(sample) // 4, "estimated_4_chars"
     else:
-        per_note, method = (full - base) / CALIBRATION_NOTES, "usage"
-    notes = round((target.prompt_tokens - base - NEEDLE_MAX_TOKENS / 4) / per_note)
+        method = "usage"
+    per_note = (full - base) / sample_notes
+    notes = round((target.prompt_tokens - base) / per_note)
     if notes < NEEDLE_MIN_NOTES:
-        least = base + NEEDLE_MIN_NOTES * per_note + NEEDLE_MAX_TOKENS
+        least = base + NEEDLE_MIN_NOTES * per_note
         raise ProbesCannotRun(f"--prompt-tokens {target.prompt_tokens} leaves room for "
                               f"{max(notes, 0)} notes around the needle; pass "
                               f"--prompt-tokens {int(least) + 1} or more")

@@ -2,6 +2,7 @@
 fails (naming what came back) each planted fault, copes with vLLM's response shapes, times
 the needle's prefill against the fake's programmed one, and refuses what it cannot run."""
 
+import asyncio
 import http.server
 import json
 import socket
@@ -315,3 +316,15 @@ def test_parse_answer_reads_every_tool_calls_shape(message, shape, calls):
 def test_parse_answer_without_a_message_is_a_probe_error():
     with pytest.raises(probes.ProbeError, match=r"HTTP 200 without choices\[0\]\.message"):
         probes.parse_answer({"object": "error", "message": "x"})
+
+
+def test_needle_sizing_without_usage_falls_back_to_four_characters_a_token(monkeypatch):
+    async def no_usage(target, text):
+        return None
+
+    monkeypatch.setattr(probes, "_prompt_tokens_of", no_usage)
+    target = probes.Target(None, "http://unused", "m", 4096)
+    notes, sizing = asyncio.run(probes.size_needle_prompt(target))
+    prompt = probes.needle_prompt("s" * 20, "XXXX-XXXX", notes)
+    assert sizing["calibration"] == "estimated_4_chars"
+    assert abs(len(prompt.text) / 4 / 4096 - 1) < 0.02
