@@ -148,7 +148,6 @@ class _StreamParse:
             self.record.chunk_tokens.append(tokens)
             self.tally.tokens += tokens or 1
 
-
     def _keep(self, delta: dict, usage: object) -> None:
         self.content.append(delta.get("content") or "")
         # vLLM names the field reasoning (0.30.0) or reasoning_content (older releases)
@@ -265,7 +264,8 @@ async def stream_text(session: aiohttp.ClientSession, url: str, body: dict) -> S
     failed, t_sent = await _post_and_parse(session, url, body, parse)
     if failed is None:
         _finish(record, parse, t_sent)
-    # a missing usage or [DONE], or a one-chunk answer, leave the text whole; these do not
+    # the text is whole unless the stream broke; a missing usage or [DONE], or a one-chunk
+    # answer, spoil only the timing
     delivered = failed is None and record.failure not in ("error_event", "truncated",
                                                           "bad_chunk")
     ttft = None if parse.first_chunk_abs is None else parse.first_chunk_abs - t_sent

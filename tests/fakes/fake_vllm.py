@@ -60,7 +60,8 @@ beside it (the command-line option wins).
                                                       "last_chunk_monotonic", "decode_tokens"}
   --startup-seconds S     FAKE_VLLM_STARTUP_SECONDS  wait before listening (boot time); default 0
 
-Answer mode (the truth bench/probes.py is tested against; http400/http500 faults still apply):
+Answer mode (the truth bench/probes.py is tested against; the http400, http500 and, on a
+streamed request, truncate faults still apply):
 
   --answer-probes         FAKE_VLLM_ANSWER_PROBES=1  answer as an obedient model instead of
                                                       pseudo-random tokens: "count from A to B"
@@ -859,8 +860,11 @@ async def answer_request(state: FakeState, body: dict, t0: float,
                      b"transfer-encoding: chunked\r\n\r\n")
         events = [dict(head, choices=[{"index": 0, "delta": {"role": "assistant", "content": ""},
                                        "logprobs": None, "finish_reason": None}])]
+        cut_at = len(deltas) // 2 if program.faults.get(state.arrivals) == "truncate" else None
         for index, delta in enumerate(deltas):
             await asyncio.sleep(max(0.0, first_at + index * program.step_s - loop.time()))
+            if index == cut_at:
+                return False   # the connection closes mid-stream
             last = index == len(deltas) - 1
             event = dict(head, choices=[{"index": 0, "delta": delta, "logprobs": None,
                                          "finish_reason": reply.finish_reason if last else None}])

@@ -155,6 +155,7 @@ FAILURES = [
      "no answer to judge: HTTP 500: fake: injected server error"),
     (("--faults", "http400@3"), "needle", "error",
      "no answer to judge: http_400: fake: injected bad request"),
+    (("--faults", "truncate@3"), "needle", "error", "no answer to judge: truncated: "),
 ]
 
 
