@@ -4,6 +4,9 @@ and the PNG written."""
 
 import csv
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from PIL import Image
@@ -11,6 +14,7 @@ from PIL import Image
 from bench import bench_decode, plot
 from tests.fakes import fake_vllm
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 GIB = 1 << 30
 NODES = ("192.0.2.10", "192.0.2.11")
@@ -200,3 +204,13 @@ def test_output_may_not_overwrite_an_input(bench_files, capsys):
     assert plot.main(["--compare", str(a), str(b), "-o", str(b)]) == 2
     assert "the output would overwrite an input" in capsys.readouterr().err
     assert json.loads(b.read_text())["schema"] == "bench_decode/1"
+
+
+def test_the_command_runs_as_a_script(tmp_path):
+    path = tmp_path / "memory.csv"
+    _memory_csv(path)
+    result = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "plot.py"), str(path),
+                             "-o", str(tmp_path / "boot.png")], cwd="/", capture_output=True,
+                            text=True, check=False, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "boot.png").read_bytes()[:8] == PNG_SIGNATURE

@@ -6,6 +6,8 @@ import asyncio
 import http.server
 import json
 import socket
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -329,3 +331,17 @@ def test_needle_sizing_without_usage_falls_back_to_four_characters_a_token(monke
     prompt = probes.needle_prompt("s" * 20, "XXXX-XXXX", notes)
     assert sizing["calibration"] == "estimated_4_chars"
     assert abs(len(prompt.text) / 4 / 4096 - 1) < 0.02
+
+
+def test_the_command_runs_as_a_script_with_json_on_stdout():
+    """How other tiers call it: the file itself, from any directory."""
+    with fake_vllm.spawn(*FAST, "--answer-faults", "reasoning_leak") as fake:
+        result = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "probes.py"),
+                                 "--base-url", fake.url, "--only", "thinking_off,tool_call",
+                                 "--json"], cwd="/", capture_output=True, text=True,
+                                check=False, timeout=60)
+    doc = json.loads(result.stdout)
+    assert result.returncode == 1 and doc["failed"] == ["thinking_off"]
+    assert doc["probes"]["tool_call"]["passed"]
+    assert "FAIL thinking_off: reasoning holds 37 chars" in result.stderr
+    assert "probes: thinking_off ..." in result.stderr
