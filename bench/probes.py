@@ -132,8 +132,8 @@ class Answer:
 
     content: str
     reasoning: str
-    reasoning_field: str | None   # which field held it: reasoning (vLLM 0.30) or
-    #                               reasoning_content (older vLLM)
+    reasoning_field: str | None   # which field held it: reasoning (vLLM 0.27.1-0.33.0) or
+    #                               reasoning_content (the DeepSeek API, older vLLM)
     tool_calls: list              # [] whether the server sent [], null or nothing
     tool_calls_shape: str         # "list", "null" or "absent", as received
     finish_reason: str | None

@@ -150,7 +150,7 @@ class _StreamParse:
 
     def _keep(self, delta: dict, usage: object) -> None:
         self.content.append(delta.get("content") or "")
-        # vLLM names the field reasoning (0.30.0) or reasoning_content (older releases)
+        # vLLM 0.27.1-0.33.0 name the field reasoning; the DeepSeek API reasoning_content
         self.reasoning.append(delta.get("reasoning") or delta.get("reasoning_content") or "")
         if isinstance(usage, dict):
             self.last_usage = usage

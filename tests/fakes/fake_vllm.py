@@ -73,8 +73,8 @@ streamed request, truncate faults still apply):
   --answer-faults LIST    FAKE_VLLM_ANSWER_FAULTS    kinds to plant, from ANSWER_FAULTS below
   --count-skip LIST       FAKE_VLLM_COUNT_SKIP       numbers left out when counting
   --count-stop N          FAKE_VLLM_COUNT_STOP       the last number written when counting
-  --reasoning-field F     FAKE_VLLM_REASONING_FIELD  reasoning (vLLM 0.30.0, default) or
-                                                      reasoning_content (older releases)
+  --reasoning-field F     FAKE_VLLM_REASONING_FIELD  reasoning (vLLM 0.27.1-0.33.0, default) or
+                                                      reasoning_content (DeepSeek API, old vLLM)
   --empty-tool-calls S    FAKE_VLLM_EMPTY_TOOL_CALLS without a tool call, tool_calls is absent
                                                       (vLLM 0.30.0, default), null or []
   --prefill-tok-s R       FAKE_VLLM_PREFILL_TOK_S    first token at ttft + prompt tokens / R
