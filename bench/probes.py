@@ -309,14 +309,19 @@ async def size_needle_prompt(target: Target) -> tuple[int, dict]:
         base, full, method = len(frame) // 4, len(sample) // 4, "estimated_4_chars"
     else:
         method = "usage"
-    per_note = (full - base) / sample_notes
-    notes = round((target.prompt_tokens - base) / per_note)
+    # per character, not per note: later notes carry longer numbers than the sample's
+    per_char = (full - base) / (len(sample) - len(frame))
+    budget, notes = (target.prompt_tokens - base) / per_char, 0
+    while budget >= len(filler_note(notes + 1)) + 1:
+        budget -= len(filler_note(notes + 1)) + 1
+        notes += 1
     if notes < NEEDLE_MIN_NOTES:
-        least = base + NEEDLE_MIN_NOTES * per_note
+        least = base + per_char * sum(len(filler_note(n)) + 1
+                                      for n in range(1, NEEDLE_MIN_NOTES + 1))
         raise ProbesCannotRun(f"--prompt-tokens {target.prompt_tokens} leaves room for "
-                              f"{max(notes, 0)} notes around the needle; pass "
+                              f"{notes} notes around the needle; pass "
                               f"--prompt-tokens {int(least) + 1} or more")
-    return notes, {"tokens_per_note": round(per_note, 3), "frame_tokens": base,
+    return notes, {"tokens_per_char": round(per_char, 4), "frame_tokens": base,
                    "calibration": method}
 
 

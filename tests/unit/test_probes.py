@@ -19,7 +19,7 @@ from tests.fakes import fake_vllm
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FAST = ("--answer-probes", "--step-seconds", "0.0005", "--ttft-seconds", "0.005")
 PROMPT_TOKENS = 2048
-PREFILL_TOK_S = 8000.0
+PREFILL_TOK_S = 4000.0   # a 0.5 s prefill: scheduling jitter of a loaded machine stays < 1%
 TTFT_S = 0.01
 
 
@@ -65,7 +65,7 @@ def test_needle_sits_at_95_percent_of_a_prompt_of_the_asked_length(obedient):
     _, doc, requests = obedient
     needle = doc["probes"]["needle"]["details"]
     assert needle["found"] and needle["calibration"] == "usage"
-    assert abs(needle["prompt_tokens"] / PROMPT_TOKENS - 1) < 0.02, needle["prompt_tokens"]
+    assert abs(needle["prompt_tokens"] / PROMPT_TOKENS - 1) < 0.01, needle["prompt_tokens"]
     assert needle["needle_depth"] == pytest.approx(0.95, abs=0.005)
     sent = next(r for r in requests if r.get("stream"))["messages"][0]["content"]
     assert sent.index(f"Note {needle['needle_note']}: The secret passcode is "
@@ -81,7 +81,7 @@ def test_prefill_rate_equals_the_fakes_programmed_prefill(obedient):
     tokens = needle["prompt_tokens"]
     truth = tokens / (TTFT_S + tokens / PREFILL_TOK_S)
     assert needle["prefill_tok_s"] == pytest.approx(tokens / needle["ttft_s"])
-    assert abs(needle["prefill_tok_s"] / truth - 1) < 0.03, (needle["prefill_tok_s"], truth)
+    assert abs(needle["prefill_tok_s"] / truth - 1) < 0.04, (needle["prefill_tok_s"], truth)
 
 
 def test_every_request_is_greedy_with_thinking_off(obedient):
@@ -330,7 +330,7 @@ def test_needle_sizing_without_usage_falls_back_to_four_characters_a_token(monke
     notes, sizing = asyncio.run(probes.size_needle_prompt(target))
     prompt = probes.needle_prompt("s" * 20, "XXXX-XXXX", notes)
     assert sizing["calibration"] == "estimated_4_chars"
-    assert abs(len(prompt.text) / 4 / 4096 - 1) < 0.02
+    assert abs(len(prompt.text) / 4 / 4096 - 1) < 0.01
 
 
 def test_the_command_runs_as_a_script_with_json_on_stdout():
