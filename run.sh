@@ -33,6 +33,7 @@ dry_run() {
   show_running_check
   show_prepare_nodes
   show_images
+  show_jit_cache
   show_pins_and_drafter
   show_ranks
 }
@@ -43,6 +44,7 @@ serve() {
   check_no_running_ranks
   prepare_nodes
   ensure_images
+  prepare_jit_cache
   settle_pins 1
   prepare_drafter_everywhere
   startup_line "${DRAFTER_PHRASE}"

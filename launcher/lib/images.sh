@@ -58,6 +58,7 @@ ensure_images() {
     [[ ${REPLY} == "${head_id}" ]] \
       || refuse IMAGE "${IMAGE}" "on ${NODE_LIST[index]} it is ${REPLY}, on the head ${head_id}; accepted: one image ID on every node (docker rmi it on ${NODE_LIST[index]} and rerun to stream the head's)"
   done
+  IMAGE_ID=${head_id}
 }
 
 # DRY_RUN: the image commands, the conditional ones under a comment saying when.

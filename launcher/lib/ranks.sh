@@ -64,6 +64,30 @@ show_prepare_nodes() {
   done
 }
 
+# Every node: this image's JIT cache directory. stop.sh leaves it, so the next boot of
+# the same image skips the kernel builds; a new image ID gets a new directory.
+prepare_jit_cache() {
+  local index dir
+  [[ -n ${JIT_CACHE} ]] || return 0
+  jit_dir
+  dir=${REPLY}
+  for index in "${!NODE_LIST[@]}"; do
+    on_node "${index}" mkdir -p "${dir}" || die "cannot create the JIT cache ${dir} on ${NODE_LIST[index]}"
+  done
+  say "JIT cache: ${dir} on every node"
+}
+
+show_jit_cache() {
+  local index dir
+  [[ -n ${JIT_CACHE} ]] || return 0
+  printf '# every node: the JIT cache directory of this image (JIT_CACHE/<image ID>, kept by stop.sh)\n'
+  jit_dir
+  dir=${REPLY}
+  for index in "${!NODE_LIST[@]}"; do
+    show_on_node "${index}" mkdir -p "${dir}"
+  done
+}
+
 start_ranks() {
   local index
   RANKS_STARTED=1
