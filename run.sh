@@ -25,6 +25,8 @@ source "${LAUNCHER_DIR}/lib/drafter.sh"
 source "${LAUNCHER_DIR}/lib/images.sh"
 # shellcheck source=launcher/lib/ranks.sh
 source "${LAUNCHER_DIR}/lib/ranks.sh"
+# shellcheck source=launcher/lib/memguard.sh
+source "${LAUNCHER_DIR}/lib/memguard.sh"
 
 dry_run() {
   settle_pins 0
@@ -52,7 +54,9 @@ serve() {
   trap stop_if_half_started EXIT
   trap 'exit 130' INT TERM
   start_ranks
+  start_memory_guard
   wait_until_ready
+  stop_memory_guard
 }
 
 main() {
