@@ -17,7 +17,7 @@ readonly PIN_CONTEXT=327680
 # deployment"). Kept here, not as MODEL_REVISION's default, so that another MODEL never
 # inherits this commit.
 readonly -A KNOWN_MODEL_PINS=(
-  [LibertAIDAI/GLM-5.3-Flash-NVFP4]=aa28e1f54130286c95fee10d0705c74ce8743734
+  ["LibertAIDAI/GLM-5.3-Flash-NVFP4"]=aa28e1f54130286c95fee10d0705c74ce8743734
 )
 # Both published drafters train blocks of 8 (dflash_config.block_size); k stops one short.
 readonly DRAFT_BLOCK_SIZE=8

@@ -57,6 +57,15 @@ require_flag() {
   require_choice "$1" 0 1
 }
 
+# An empty value means "use the default" (settings.sh), so optional knobs whose default
+# is on take `none` to be left out; from here on they are empty.
+none_means_empty() {
+  local name
+  for name in "$@"; do
+    [[ ${!name} != none ]] || printf -v "${name}" '%s' ""
+  done
+}
+
 # An absolute path that can go into `docker run --mount` (which splits on commas).
 require_mount_path() {
   local name=$1 value=$2
@@ -244,20 +253,20 @@ validate_words() {
 # verified run). EXTRA_ARGS may not set them a second time, not even by an argparse prefix
 # (the seed's --kv-cache-memory was one) or a --no- negation.
 readonly -A MANAGED_FLAGS=(
-  [--speculative-config]="SPEC, DRAFTER and NUM_SPECULATIVE_TOKENS"
-  [--compilation-config]="ENFORCE_EAGER (capture sizes from k and MAX_NUM_SEQS)"
-  [--enforce-eager]=ENFORCE_EAGER [--max-model-len]=MAX_MODEL_LEN [--max-num-seqs]=MAX_NUM_SEQS
-  [--kv-cache-dtype]=KV_CACHE_DTYPE [--kv-cache-memory-bytes]=KV_CACHE_MEMORY_BYTES
-  [--block-size]=BLOCK_SIZE [--gpu-memory-utilization]=GPU_MEMORY_UTILIZATION
-  [--moe-backend]=MOE_BACKEND [--linear-backend]=LINEAR_BACKEND
-  [--mm-processor-cache-gb]=MM_PROCESSOR_CACHE_GB
-  [--override-generation-config]="MAX_NEW_TOKENS and GENERATION_CONFIG"
-  [--tool-call-parser]=TOOL_CALL_PARSER [--enable-auto-tool-choice]=TOOL_CALL_PARSER
-  [--reasoning-parser]=REASONING_PARSER [--default-chat-template-kwargs]=THINKING
-  [--served-model-name]=SERVED_MODEL_NAME [--trust-remote-code]=fixed [--host]=fixed
-  [--tensor-parallel-size]=TP [--nnodes]=NODES [--node-rank]=NODES [--master-addr]=NODES
-  [--master-port]=MASTER_PORT [--distributed-executor-backend]=fixed [--headless]=NODES
-  [--port]=PORT [--revision]=MODEL_REVISION
+  ["--speculative-config"]="SPEC, DRAFTER and NUM_SPECULATIVE_TOKENS"
+  ["--compilation-config"]="ENFORCE_EAGER (capture sizes from k and MAX_NUM_SEQS)"
+  ["--enforce-eager"]=ENFORCE_EAGER ["--max-model-len"]=MAX_MODEL_LEN ["--max-num-seqs"]=MAX_NUM_SEQS
+  ["--kv-cache-dtype"]=KV_CACHE_DTYPE ["--kv-cache-memory-bytes"]=KV_CACHE_MEMORY_BYTES
+  ["--block-size"]=BLOCK_SIZE ["--gpu-memory-utilization"]=GPU_MEMORY_UTILIZATION
+  ["--moe-backend"]=MOE_BACKEND ["--linear-backend"]=LINEAR_BACKEND
+  ["--mm-processor-cache-gb"]=MM_PROCESSOR_CACHE_GB
+  ["--override-generation-config"]="MAX_NEW_TOKENS and GENERATION_CONFIG"
+  ["--tool-call-parser"]=TOOL_CALL_PARSER ["--enable-auto-tool-choice"]=TOOL_CALL_PARSER
+  ["--reasoning-parser"]=REASONING_PARSER ["--default-chat-template-kwargs"]=THINKING
+  ["--served-model-name"]=SERVED_MODEL_NAME ["--trust-remote-code"]=fixed ["--host"]=fixed
+  ["--tensor-parallel-size"]=TP ["--nnodes"]=NODES ["--node-rank"]=NODES ["--master-addr"]=NODES
+  ["--master-port"]=MASTER_PORT ["--distributed-executor-backend"]=fixed ["--headless"]=NODES
+  ["--port"]=PORT ["--revision"]=MODEL_REVISION
 )
 
 # "set it with KNOB" or "fixed": the end of a refusal that names what owns a setting.
@@ -323,6 +332,8 @@ validate_run_control() {
 }
 
 validate_settings() {
+  none_means_empty BLOCK_SIZE MM_PROCESSOR_CACHE_GB MAX_NEW_TOKENS SERVED_MODEL_NAME \
+    TOOL_CALL_PARSER REASONING_PARSER JIT_CACHE
   validate_run_control
   validate_spec
   validate_memory
