@@ -244,6 +244,17 @@ api_probe_argv() {
   CMD=(curl --silent --fail --output /dev/null --max-time 5 "http://127.0.0.1:${PORT}/v1/models")
 }
 
+# The same request, printing the model list.
+api_models_argv() {
+  CMD=(curl --silent --fail --max-time 5 "http://127.0.0.1:${PORT}/v1/models")
+}
+
+# What scripts/doctor reads of a rank container: status, image ID and argv.
+rank_facts_argv() {
+  rank_container "$1"
+  CMD=(docker inspect --format '{{.State.Status}} {{.Image}} {{json .Args}}' "${REPLY}")
+}
+
 # Bytes as GiB with two decimals, truncated (4445787956 -> 4.14).
 gib() {
   local hundredths=$(($1 * 100 / 1073741824))
