@@ -195,7 +195,7 @@ serve_container_argv() {
   vllm_serve_argv "${rank}"
   CMD=(docker run --detach --name "${name}" --label "${SERVE_LABEL}"
     --label "glm53.rank=${rank}" --network host --ipc host --shm-size 32g
-    --cap-add IPC_LOCK --ulimit memlock=-1:-1 --restart no "${DOCKER_WORDS[@]}"
+    --cap-add IPC_LOCK --restart no "${DOCKER_WORDS[@]}"
     "${HUB_ARGV[@]}" "${LOCAL_DIRS_ARGV[@]}" "${ENGINE_ENV_ARGV[@]}" "${JIT_ARGV[@]}"
     "${LINK_ENV_ARGV[@]}")
   for word in "${EXTRA_ENV_WORDS[@]}"; do

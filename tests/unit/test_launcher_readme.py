@@ -49,7 +49,8 @@ def test_defaults_are_the_seed_verified_run():
         "BLOCK_SIZE": "2304", "GPU_MEMORY_UTILIZATION": "0.85", "MOE_BACKEND": "marlin",
         "TOOL_CALL_PARSER": "glm47", "REASONING_PARSER": "glm45", "THINKING": "0",
         "PORT": "8000", "CUDA_ARCH_LIST": "12.1a", "ENGINE_READY_TIMEOUT": "3600",
-        "NCCL_DEBUG_LEVEL": "WARN", "DOCKER_ARGS": "--gpus all --device /dev/infiniband",
+        "NCCL_DEBUG_LEVEL": "WARN",
+        "DOCKER_ARGS": "--gpus all --device /dev/infiniband --ulimit memlock=-1:-1",
         # later lessons
         "LINEAR_BACKEND": "marlin", "MM_PROCESSOR_CACHE_GB": "1", "MAX_NEW_TOKENS": "65536",
         "JIT_CACHE": "~/.cache/glm53-jit",
