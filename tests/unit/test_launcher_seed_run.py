@@ -32,7 +32,8 @@ def seed_env(rank):
 
 def seed_serve(rank):
     """`vllm serve` flags of RANK (REFERENCE.md: "`vllm serve`, every rank"); the capture
-    sizes are the seed PR's [1,2,4,6,12,18,24]; True marks a flag without a value."""
+    sizes are the seed PR's [1,2,4,6,12,18,24]; True marks a flag without a value. Values the
+    record leaves open: the master port P (the launcher's MASTER_PORT stands in) and NAME."""
     flags = {"--tensor-parallel-size": "2", "--nnodes": "2", "--node-rank": str(rank),
              "--distributed-executor-backend": "mp", "--master-addr": NODES[0],
              "--master-port": MASTER_PORT, "--max-model-len": "327680",
@@ -64,7 +65,7 @@ DIFFERENCES = {
     ("serve", "--revision"): "added",
     ("serve", "--kv-cache-memory"): "renamed --kv-cache-memory-bytes",
     ("serve", "--speculative-config"): "model: the prepared drafter directory",
-    ("serve", "--served-model-name"): "glm-5.3-flash",
+    ("serve", "--served-model-name"): "glm-5.3-flash instead of <NAME>",
     ("serve", "--linear-backend"): "added", ("serve", "--mm-processor-cache-gb"): "added",
     ("serve", "--override-generation-config"): "added",
 }
@@ -114,35 +115,30 @@ def serve_value(flag, value):
     return value
 
 
+def compare(where, ours, seed, found):
+    """Adds to FOUND every name of OURS or SEED whose value differs (or is only in OURS)."""
+    for name in sorted(set(ours) | set(seed)):
+        if name not in seed:
+            found[(where, name)] = "added"
+        elif ours.get(name) != seed[name]:
+            found[(where, name)] = f"{ours.get(name)} instead of {seed[name]}"
+
+
 def differences(rank, argv):
     options, env, model, flags = split_docker_run(argv)
     found = {}
     assert model == SEED_MODEL
-    for name in sorted(set(options) | set(SEED_DOCKER)):
-        if name not in SEED_DOCKER:
-            found[("docker", name)] = "added"
-        elif options.get(name) != SEED_DOCKER[name]:
-            found[("docker", name)] = f"{options.get(name)} instead of {SEED_DOCKER[name]}"
-    seed = seed_env(rank)
-    for name in sorted(set(env) | set(seed)):
-        if name not in seed:
-            found[("env", name)] = "added"
-        elif env.get(name) != seed[name]:
-            found[("env", name)] = f"{env.get(name)} instead of {seed[name]}"
+    compare("docker", options, SEED_DOCKER, found)
+    compare("env", env, seed_env(rank), found)
     seed = seed_serve(rank)
-    for flag in sorted(set(flags) | set(seed)):
-        if flag not in seed:
-            if flag != "--kv-cache-memory-bytes":
-                found[("serve", flag)] = "added"
-        elif flag == "--kv-cache-memory":
-            if flags.get("--kv-cache-memory-bytes") == seed[flag] and flag not in flags:
-                found[("serve", flag)] = "renamed --kv-cache-memory-bytes"
-            else:
-                found[("serve", flag)] = f"{flags.get('--kv-cache-memory-bytes')} instead of {seed[flag]}"
-        elif flag not in flags:
-            found[("serve", flag)] = "missing"
-        elif serve_value(flag, flags[flag]) != seed[flag]:
-            found[("serve", flag)] = serve_value(flag, flags[flag])
+    # The seed's --kv-cache-memory is an argparse prefix of --kv-cache-memory-bytes.
+    ours = {flag: serve_value(flag, value) for flag, value in flags.items()}
+    if "--kv-cache-memory-bytes" in ours and "--kv-cache-memory" not in ours:
+        renamed = ours.pop("--kv-cache-memory-bytes")
+        if renamed == seed["--kv-cache-memory"]:
+            found[("serve", "--kv-cache-memory")] = "renamed --kv-cache-memory-bytes"
+            ours["--kv-cache-memory"] = renamed
+    compare("serve", ours, seed, found)
     spec = json.loads(flags["--speculative-config"])
     if spec["model"].startswith("/root/.cache/huggingface/glm53-drafters/incoai-"):
         found[("serve", "--speculative-config")] = "model: the prepared drafter directory"
@@ -160,7 +156,7 @@ def test_a_changed_setting_shows_up_as_a_difference(tmp_path):
     # The comparison can fail: a knob moved off the seed's value is caught.
     _, argv = serve_commands(dry_run(tmp_path, GPU_MEMORY_UTILIZATION="0.8", NCCL_DEBUG_LEVEL="INFO"))[1]
     found = differences(1, argv)
-    assert found[("serve", "--gpu-memory-utilization")] == "0.8"
+    assert found[("serve", "--gpu-memory-utilization")] == "0.8 instead of 0.85"
     assert found[("env", "NCCL_DEBUG")] == "INFO instead of WARN"
 
 
