@@ -8,6 +8,7 @@ per block and the maximum-memory estimate, or the error raised, for each case na
 on the command line (target, drafter, two-page-sizes).
 """
 
+import dataclasses
 import json
 import sys
 from types import SimpleNamespace
@@ -84,6 +85,14 @@ def vllm_config():
     )
 
 
+def bytes_per_block(config, groups) -> int:
+    """The pool's bytes per block: 0.30.0's _get_kv_cache_bytes_per_block(groups), or
+    the 0.27.1-era _pool_bytes_per_block(vllm_config, groups) the fork shape keeps."""
+    if hasattr(utils, "_get_kv_cache_bytes_per_block"):
+        return utils._get_kv_cache_bytes_per_block(groups)
+    return utils._pool_bytes_per_block(config, groups)
+
+
 def describe(specs: dict) -> dict:
     config = vllm_config()
     try:
@@ -103,11 +112,10 @@ def describe(specs: dict) -> dict:
             for group in groups
         ],
         "num_blocks": kv_config.num_blocks,
-        "tensors": [
-            [t.size, list(t.layers), t.layer_stride, t.block_stride, t.offset]
-            for t in kv_config.kv_cache_tensors
-        ],
-        "bytes_per_block": utils._get_kv_cache_bytes_per_block(groups),
+        # Whichever KVCacheTensor form the tree has (0.30.0: layers/layer_stride; 0.27.1
+        # and the fork: shared_by), field by field.
+        "tensors": [dataclasses.asdict(t) for t in kv_config.kv_cache_tensors],
+        "bytes_per_block": bytes_per_block(config, groups),
         "max_memory_bytes": utils._max_memory_usage_bytes_from_groups(config, groups),
     }
 
