@@ -232,6 +232,13 @@ def registry_with_glm5next(base_text: str, source_text: str) -> str:
 def kv_interface_fork(text: str) -> str:
     """0.27.1's KV interface plus ``tokens_per_state`` on MLA specs and ``KpoolTailSpec``."""
     where = f"{KV_INTERFACE} (fork shape)"
+    # The kpool indexer backend (taken from 0.30.0) imports KVCacheLayout from here.
+    text = _replace_once(
+        text,
+        "from vllm.utils.torch_utils import get_dtype_size, nvfp4_kv_cache_full_dim\n",
+        "from vllm.utils.torch_utils import get_dtype_size, nvfp4_kv_cache_full_dim\nfrom vllm.v1.kv_cache_layout import KVCacheLayout  # noqa: F401\n",
+        where,
+    )
     text = _replace_once(
         text,
         "\n@dataclass\nclass KVCacheTensor:",

@@ -138,6 +138,10 @@ def fork_tree(log=lambda message: None) -> Path:
             os.replace(staging / "tree", tree)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+        for older in tree.parent.glob(f"{FORK}-*"):
+            if older != tree and (older / _DONE_MARKER).is_file():
+                shutil.rmtree(older, ignore_errors=True)  # a stand-in of older inputs
+                log(f"removed {older.name} (a fork-shaped stand-in of older inputs)")
     return tree
 
 

@@ -1,6 +1,6 @@
 """Plan Glm5Next's KV cache with vLLM's own planning code, with and without drafter layers.
 
-Run with PYTHONPATH set to a vLLM 0.30.0 tree (patched by v11 or not). The specs are
+Run with PYTHONPATH set to a vLLM 0.30.0 or fork-shaped tree (patched by v11 or not). The specs are
 shaped like GLM-5.3-Flash at tensor parallel 2: 11 MLA layers with a DSA indexer and
 its kpool tail each, 34 KDA (Mamba-type) states, and optionally 5 drafter sliding
 layers of window 2048. Prints one JSON object describing groups, tensor layout, bytes
@@ -95,13 +95,18 @@ def bytes_per_block(config, groups) -> int:
 
 def describe(specs: dict) -> dict:
     config = vllm_config()
+    errors = (ValueError, NotImplementedError, AssertionError)
+    try:
+        bespoke = utils._get_kv_cache_groups_glm5_next(config, dict(specs)) is not None
+    except errors as error:
+        bespoke = f"{type(error).__name__}: {error}"
     try:
         groups = utils.get_kv_cache_groups(config, dict(specs))
         kv_config = utils.get_kv_cache_config_from_groups(config, groups, KV_PIN)
-    except (ValueError, NotImplementedError, AssertionError) as error:
-        return {"error": f"{type(error).__name__}: {error}"}
+    except errors as error:
+        return {"bespoke_groups": bespoke, "error": f"{type(error).__name__}: {error}"}
     return {
-        "bespoke_groups": utils._get_kv_cache_groups_glm5_next(config, dict(specs)) is not None,
+        "bespoke_groups": bespoke,
         "groups": [
             {
                 "layers": list(group.layer_names),
