@@ -63,7 +63,7 @@ def _locked(path: Path):
 def _build(tool: str, venv: Path) -> None:
     started = time.monotonic()
     print(f"{tool}: building the tool environment {venv} from requirements/tool.txt and "
-          "drafter.txt (once; about a minute)", file=sys.stderr, flush=True)
+          "drafter.txt (once; a minute or two)", file=sys.stderr, flush=True)
     shutil.rmtree(venv, ignore_errors=True)
     made = subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True, text=True, check=False)
     if made.returncode != 0:
@@ -83,7 +83,7 @@ def _build(tool: str, venv: Path) -> None:
     print(f"{tool}: tool environment ready in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
 
 
-def require_tool_env(tool: str, modules: tuple[str, ...] = ("unidiff", "libcst", "pip")) -> None:
+def require_tool_env(tool: str, modules: tuple[str, ...] = ("unidiff", "libcst")) -> None:
     """Return when ``modules`` import; else re-run this script in the tool environment."""
     if sys.version_info < MIN_PYTHON:
         _refuse(tool, f"needs Python >= 3.10; {sys.executable} is {sys.version.split()[0]}")
@@ -94,9 +94,13 @@ def require_tool_env(tool: str, modules: tuple[str, ...] = ("unidiff", "libcst",
         _refuse(tool, f"the tool environment {sys.prefix} lacks {', '.join(missing)}; "
                 f"delete it and rerun, or run: {_install_command()}")
     venv = tool_venv_dir()
-    with _locked(venv.with_name(f".{venv.name}.lock")):
-        if not (venv / ".complete").is_file():
-            _build(tool, venv)
+    try:
+        with _locked(venv.with_name(f".{venv.name}.lock")):
+            if not (venv / ".complete").is_file():
+                _build(tool, venv)
+    except OSError as error:
+        _refuse(tool, f"cannot make the tool environment {venv} ({error.strerror or error}); "
+                f"set GLM53_RECIPE_CACHE to a writable directory, or run: {_install_command()}")
     python = venv / "bin" / "python"
     os.environ[INSIDE] = "1"
     os.execv(str(python), [str(python), os.path.abspath(sys.argv[0]), *sys.argv[1:]])

@@ -93,6 +93,8 @@ def probabilistic(architecture):
         built = init_speculator(speculator_config(architecture), torch.device("cpu"))
     except ValueError as error:
         return {"refused": str(error)}
+    except Exception as error:  # noqa: BLE001 (a tree that cannot build it says so)
+        return {"error": f"{type(error).__name__}: {error}"}
     cache = built.draft_logits
     return {
         "speculator": type(built).__name__,
