@@ -174,7 +174,13 @@ class DFlash2Backport(Layer):
             f"base shape {shape} (probe: gumbel_sample "
             f"{'takes' if shape == LOGITS_CACHE else 'has no'} logits_cache)"
         )
-        return exact_patch.plan(view.root, self.diff_text(shape))
+        try:
+            diff = self.diff_text(shape)
+        except LayerSetupError:
+            if self.provided_by_base(view):  # a base with DFlash2 needs no diff of any shape
+                raise exact_patch.PatchRefused("the base provides DFlash2") from None
+            raise
+        return exact_patch.plan(view.root, diff)
 
     def missing_capability(self, view: TreeView) -> list[str]:
         shape = shape_of(view.read_text)

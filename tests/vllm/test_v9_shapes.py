@@ -78,7 +78,9 @@ def test_each_shape_has_its_own_pinned_diff(release, diff_dir):
         assert generate(release("0.27.1"), release("0.28.0"), manifest, shape) == text
     with_cache = (diff_dir / "dflash2-logits-cache.diff").read_text()
     without = (diff_dir / "dflash2-no-logits-cache.diff").read_text()
-    assert "def draft_logits_spec(" in with_cache and "def draft_logits_spec(" not in without
+    base_speculator = "diff --git a/vllm/v1/worker/gpu/spec_decode/speculator.py "
+    assert base_speculator in with_cache and base_speculator not in without
+    assert "+            dtype, fill = self.draft_logits_spec(vllm_config)" in with_cache
     assert "draft_sample_method == \"probabilistic\":" in without
     assert "lacks (recipe layer v9" not in with_cache
     for text in (with_cache, without):
