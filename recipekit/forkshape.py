@@ -133,9 +133,16 @@ def logits_cache_speculator(old: str) -> str:
     return text
 
 
+def _read(root: Path, relative: str) -> str:
+    try:
+        return (Path(root) / relative).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ForkShapeError(f"{root} has no {relative}") from None
+
+
 def logits_cache_files(old_root: Path, new_root: Path) -> dict[str, str]:
     """The two files that carry the pre-temperature logits cache on the fork shape."""
-    read = lambda root, rel: (Path(root) / rel).read_text(encoding="utf-8")  # noqa: E731
+    read = _read
     return {
         GUMBEL: logits_cache_gumbel(read(old_root, GUMBEL), read(new_root, GUMBEL)),
         SPECULATOR: logits_cache_speculator(read(old_root, SPECULATOR)),
@@ -346,7 +353,7 @@ def inputs_key(wheel_hashes: dict[str, str]) -> str:
 
 def fork_files(base: Path, cache: Path, glm5next: Path) -> dict[str, str]:
     """Every file of the stand-in that differs from ``base`` (0.27.1), by relative path."""
-    read = lambda root, rel: (Path(root) / rel).read_text(encoding="utf-8")  # noqa: E731
+    read = _read
     changed = glm5next_overlay(base, glm5next)
     changed[GLM5NEXT_MODEL] = without_moe_base(changed[GLM5NEXT_MODEL])
     changed.update(logits_cache_files(base, cache))
