@@ -258,7 +258,7 @@ def test_missing_base_is_refused_by_name(session_prefix):
 
 def test_chain_on_the_fork_shaped_standin_applies_every_layer(chain_fork, tmp_path):
     """The real deployment's chain, v9 -> v10 -> v11, built as images on the fork shape."""
-    prefix, base, run = chain_fork
+    prefix, _, run = chain_fork
     assert run.returncode == 0, run.output
     assert labels(tag(prefix, "v11"))["glm53.chain"] == "v9=applied v10=applied v11=applied"
     v9 = labels(tag(prefix, "v9"))

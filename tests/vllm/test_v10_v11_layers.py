@@ -248,7 +248,7 @@ def test_v11_plans_the_same_drafter_group_on_both_planners(tmp_path_factory, rel
         assert patch("v11", root, "--import-check", "off")[1]["outcome"] == "applied"
         plans[base] = probe("glm5next_kv_groups.py", root, "drafter")["drafter"]
     # Each planner's spec classes print their own fields; the groups are the same layers, types, blocks.
-    shape = lambda plan: [(g["layers"], g["type"], g["block_size"]) for g in plan["groups"]]  # noqa: E731
+    shape = lambda plan: [(g["layers"], g["type"], g["block_size"]) for g in plan["groups"]]
     assert shape(plans["0.30.0"]) == shape(plans["fork"])
     for key in ("bytes_per_block", "num_blocks"):
         assert plans["0.30.0"][key] == plans["fork"][key], key

@@ -88,11 +88,11 @@ def test_each_shape_has_its_own_pinned_diff(release, diff_dir):
 
 
 def test_the_probe_picks_the_diff_and_names_the_shape(patched):
-    root, report = patched["fork"]
+    _, report = patched["fork"]
     assert "base shape logits-cache (probe: gumbel_sample takes logits_cache)" in report["reason"]
     assert "vllm/v1/worker/gpu/spec_decode/speculator.py" in report["files"]
     assert len(report["files"]) == 11
-    root, report = patched["0.27.1"]
+    _, report = patched["0.27.1"]
     assert "base shape no-logits-cache" in report["reason"]
     assert len(report["files"]) == 10
 

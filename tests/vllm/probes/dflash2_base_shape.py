@@ -22,9 +22,9 @@ from vllm.platforms.cpu import CpuPlatform
 
 vllm.platforms._current_platform = CpuPlatform()
 
-from vllm.model_executor.models.qwen3_dflash import _dflash_layer_causal  # noqa: E402
-from vllm.v1.worker.gpu.spec_decode import init_speculator  # noqa: E402
-from vllm.v1.worker.gpu.spec_decode import speculator as base_module  # noqa: E402
+from vllm.model_executor.models.qwen3_dflash import _dflash_layer_causal
+from vllm.v1.worker.gpu.spec_decode import init_speculator
+from vllm.v1.worker.gpu.spec_decode import speculator as base_module
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 
@@ -105,7 +105,8 @@ def probabilistic(architecture):
 
 
 for path in sys.argv[1:]:  # drafter config.json files, read as vLLM's config object exposes them
-    raw = json.load(open(path))
+    with open(path) as handle:
+        raw = json.load(handle)
     CONFIGS[path] = SimpleNamespace(**{k: raw.get(k) for k in ("layer_types", "is_causal", "num_hidden_layers")},
                                     dflash_config=raw.get("dflash_config") or {})
 
