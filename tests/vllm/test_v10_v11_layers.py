@@ -176,10 +176,11 @@ def test_v10_captures_completed_mhc_streams(patched):
 @pytest.fixture(scope="module")
 def kv_plans(patched, release):
     base, root = patched
-    patched_plans = probe("glm5next_kv_groups.py", root, "target", "drafter", "two-page-sizes")
-    stock = probe("glm5next_kv_groups.py", release(base), "target", "drafter")
-    plans = {("patched", case): patched_plans[case] for case in ("target", "drafter", "two-page-sizes")}
-    plans.update({("stock", case): stock[case] for case in ("target", "drafter")})
+    cases = ("target", "drafter", "two-page-sizes", "real-pages", "real-pages-drafter")
+    patched_plans = probe("glm5next_kv_groups.py", root, *cases)
+    stock = probe("glm5next_kv_groups.py", release(base), "target", "drafter", "real-pages")
+    plans = {("patched", case): patched_plans[case] for case in cases}
+    plans.update({("stock", case): stock[case] for case in ("target", "drafter", "real-pages")})
     return base, plans
 
 
@@ -252,6 +253,22 @@ def test_v11_plans_the_same_drafter_group_on_both_planners(tmp_path_factory, rel
     assert shape(plans["0.30.0"]) == shape(plans["fork"])
     for key in ("bytes_per_block", "num_blocks"):
         assert plans["0.30.0"][key] == plans["fork"][key], key
+
+
+def test_v11_with_the_published_tp2_pages(kv_plans):
+    """MLA page 1,198,080 bytes and 6,370,560 bytes per block, as published (REFERENCE.md)."""
+    _, plans = kv_plans
+    target, drafter = plans[("patched", "real-pages")], plans[("patched", "real-pages-drafter")]
+    assert target == plans[("stock", "real-pages")]
+    assert target["bytes_per_block"] == 6_370_560 == 5 * (1_198_080 + 76_032)
+    group = drafter["groups"][-1]
+    assert (group["type"], group["block_size"]) == ("SlidingWindowSpec", 2304 // 4)
+    draft_page = 576 * 4 * (128 + 128) * 2
+    assert drafter["bytes_per_block"] == 6_370_560 + 5 * draft_page
+    assert drafter["num_blocks"] == 4_445_787_956 // drafter["bytes_per_block"]
+    target_pages = target["max_memory_bytes"] // target["bytes_per_block"]
+    draft_pages = -(-(2048 - 1 + 8192) // 576) + 1
+    assert drafter["max_memory_bytes"] == (target_pages + draft_pages) * drafter["bytes_per_block"]
 
 
 def test_v11_refuses_drafter_layers_of_two_page_sizes(kv_plans):

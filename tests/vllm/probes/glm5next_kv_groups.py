@@ -5,7 +5,8 @@ shaped like GLM-5.3-Flash at tensor parallel 2: 11 MLA layers with a DSA indexer
 its kpool tail each, 34 KDA (Mamba-type) states, and optionally 5 drafter sliding
 layers of window 2048. Prints one JSON object describing groups, tensor layout, bytes
 per block and the maximum-memory estimate, or the error raised, for each case named
-on the command line (target, drafter, two-page-sizes).
+on the command line (target, drafter, two-page-sizes; real-pages and real-pages-drafter:
+the published TP=2 page sizes at block 2304, five MLA layers).
 """
 
 import dataclasses
@@ -31,28 +32,40 @@ from vllm.v1.kv_cache_layout import KVCacheLayout
 BLOCK = 1024  # the hybrid attention block, large enough that a KDA state fits an MLA page
 KV_PIN = 4_445_787_956  # the recipe's --kv-cache-memory-bytes
 MLA_LAYERS = [2, 6, 10, 14, 18, 22, 26, 30, 34, 38, 42]
-KDA_LAYERS = [i for i in range(45) if i not in MLA_LAYERS]
 
 
-def target_specs() -> dict:
+# The published TP=2 pages (REFERENCE.md): an MLA page of 1,198,080 bytes is 520 bytes a
+# token at the seed's --block-size 2304; 6,370,560 bytes per block is 5 x (1,198,080 + 76,032),
+# five MLA layers with their indexers (76,032 = 576 states of 132 bytes).
+REAL_BLOCK = 2304
+REAL_MLA_LAYERS = [2, 6, 10, 14, 18]
+
+
+def target_specs(block=BLOCK, mla_layers=MLA_LAYERS, real_pages=False) -> dict:
     specs = {}
-    for i in MLA_LAYERS:
-        specs[f"model.layers.{i}.self_attn.attn"] = MLAAttentionSpec(
-            block_size=BLOCK, num_kv_heads=1, head_size=656, dtype=torch.uint8,
-            cache_dtype_str="fp8_ds_mla",
-        )
+    for i in mla_layers:
+        if real_pages:
+            specs[f"model.layers.{i}.self_attn.attn"] = MLAAttentionSpec(
+                block_size=block, num_kv_heads=1, head_size=520, dtype=torch.uint8,
+            )
+        else:
+            specs[f"model.layers.{i}.self_attn.attn"] = MLAAttentionSpec(
+                block_size=block, num_kv_heads=1, head_size=656, dtype=torch.uint8,
+                cache_dtype_str="fp8_ds_mla",
+            )
         # DSA indexer: one 132-byte state per 4 tokens (33 B a token).
         specs[f"model.layers.{i}.self_attn.indexer.k_cache"] = MLAAttentionSpec(
-            block_size=BLOCK, num_kv_heads=1, head_size=132, dtype=torch.uint8,
+            block_size=block, num_kv_heads=1, head_size=132, dtype=torch.uint8,
             tokens_per_state=4,
         )
         specs[f"model.layers.{i}.self_attn.indexer.tail"] = KpoolTailSpec(
-            block_size=BLOCK, num_kv_heads=1, head_size=16, dtype=torch.uint8,
+            block_size=block, num_kv_heads=1, head_size=16, dtype=torch.uint8,
             sliding_window=4,
         )
-    for i in KDA_LAYERS:
+    last = max(mla_layers) + 1
+    for i in (i for i in range(min(45, last + 4)) if i not in mla_layers):
         specs[f"model.layers.{i}.self_attn"] = MambaSpec(
-            block_size=BLOCK,
+            block_size=block,
             shapes=((3, 2048), (16, 128, 64)),
             dtypes=(torch.float32, torch.float32),
             num_speculative_blocks=5,
@@ -60,10 +73,10 @@ def target_specs() -> dict:
     return specs
 
 
-def drafter_specs(head_sizes=(128,) * 5) -> dict:
+def drafter_specs(head_sizes=(128,) * 5, block=BLOCK) -> dict:
     return {
         f"draft.layers.{45 + i}.self_attn.attn": SlidingWindowSpec(
-            block_size=BLOCK, num_kv_heads=4, head_size=size, dtype=torch.bfloat16,
+            block_size=block, num_kv_heads=4, head_size=size, dtype=torch.bfloat16,
             sliding_window=2048,
         )
         for i, size in enumerate(head_sizes)
@@ -129,8 +142,10 @@ def main():
     report = {"vllm_file": vllm.__file__}
     for case in sys.argv[1:]:
         specs = target_specs()
-        if case == "drafter":
-            specs.update(drafter_specs())
+        if case.startswith("real-pages"):
+            specs = target_specs(REAL_BLOCK, REAL_MLA_LAYERS, real_pages=True)
+        if case in ("drafter", "real-pages-drafter"):
+            specs.update(drafter_specs(block=specs[next(iter(specs))].block_size))
         elif case == "two-page-sizes":
             specs.update(drafter_specs(head_sizes=(128, 128, 128, 128, 64)))
         report[case] = describe(specs)
