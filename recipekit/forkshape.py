@@ -200,7 +200,7 @@ def without_moe_base(model_source: str) -> str:
         def leave_ClassDef(self, original, updated):
             if updated.name.value != "Glm5NextForConditionalGeneration":
                 return updated
-            bases = [b for b in updated.bases if not m_name(b.value, "MixtureOfExperts")]
+            bases = [b for b in updated.bases if not _is_name(b.value, "MixtureOfExperts")]
             found.append(len(updated.bases) - len(bases))
             if bases:
                 bases[-1] = bases[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
@@ -212,7 +212,7 @@ def without_moe_base(model_source: str) -> str:
     return new.code
 
 
-def m_name(node: cst.CSTNode, name: str) -> bool:
+def _is_name(node: cst.CSTNode, name: str) -> bool:
     return isinstance(node, cst.Name) and node.value == name
 
 
