@@ -145,6 +145,7 @@ class CodePatchLayer(Layer):
     target = ""
     helper_source: Path = PATCHES_DIR
     helper_target = ""
+    source_text = ""
 
     def base_problem(self, view: TreeView) -> str | None:
         """Why this base cannot take the layer at all (refusal reason), or None."""
@@ -161,6 +162,7 @@ class CodePatchLayer(Layer):
         if source is None:
             raise PatchRefused(f"{self.target} is missing; this base does not have the expected layout")
         log = StepLog()
+        self.source_text = source  # what rewrite() sees, for patchers that also read it with ast
         try:
             module = cst.parse_module(source)
         except cst.ParserSyntaxError as error:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import ast
 
 import libcst as cst
-import libcst.matchers as m
 
 from recipekit.codepatch import PATCHES_DIR, StepLog, dotted, statement
 from recipekit.exact_patch import PatchRefused
@@ -47,19 +46,23 @@ HELPER_IMPORT = (
     + "".join(f"    {name},\n" for name in DECORATORS)
     + ")\n"
 )
-_LAYOUT_CALL = m.Call(func=m.Name(LAYOUT))
+def _layout_readers(source: str) -> set[str]:
+    """Module-level functions whose body calls ``_glm5_next_tensor_layout(...)`` (one ``ast`` pass)."""
+    return {
+        node.name
+        for node in ast.parse(source).body
+        if isinstance(node, ast.FunctionDef) and node.name != LAYOUT and any(
+            isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == LAYOUT
+            for call in ast.walk(node)
+        )
+    }
 
 
-def _reads_layout(func: cst.FunctionDef) -> bool:
-    return func.name.value != LAYOUT and bool(m.findall(func.body, _LAYOUT_CALL))
-
-
-def _role(func: cst.FunctionDef) -> tuple[str, tuple[str, ...]] | None:
+def _role(name: str, readers: set[str]) -> tuple[str, tuple[str, ...]] | None:
     """(decorator, required parameters) for a seam or a reader of the layout, else None."""
-    name = func.name.value
     if name in SEAMS:
         return SEAMS[name]
-    if not _reads_layout(func):
+    if name not in readers:
         return None
     if name in READERS:
         return READERS[name]
@@ -95,7 +98,8 @@ class Glm5NextDraftKVGroup(Glm5NextPatchLayer):
         for seam in SEAMS:
             if seam not in functions:
                 raise PatchRefused(f"{TARGET}: function {seam} not found; the base drifted from what v11 patches")
-        roles = {name: role for name, func in functions.items() if (role := _role(func))}
+        layout_readers = _layout_readers(self.source_text)
+        roles = {name: role for name in functions if (role := _role(name, layout_readers))}
         readers = {name for name in roles if name not in SEAMS}
         for needed in READERS:
             if needed not in readers:
@@ -138,10 +142,8 @@ class Glm5NextDraftKVGroup(Glm5NextPatchLayer):
             return [f"{TARGET} is missing"]
         functions = {n.name: n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)}
         wanted = {name: decorator for name, (decorator, _) in {**SEAMS, **READERS}.items()}
-        for name, func in functions.items():
-            if name not in wanted and "bytes_per_block" in name and any(
-                isinstance(c, ast.Call) and getattr(c.func, "id", "") == LAYOUT for c in ast.walk(func)
-            ):
+        for name in _layout_readers(source):
+            if name not in wanted and "bytes_per_block" in name:
                 wanted[name] = BYTES_READER[0]
         problems = []
         for name, decorator in wanted.items():
