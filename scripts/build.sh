@@ -371,6 +371,12 @@ build_layer() {
     return 1
   }
   built_id="$(<"${iid}")"
+  # Until it is labelled, the built image holds a tag of its own, so that whatever prunes
+  # untagged images meanwhile (docker image prune, a concurrent test session) leaves it.
+  local hold="${tag}:unlabelled-$$"
+  docker tag "${built_id}" "${hold}"
+  # shellcheck disable=SC2064  # expand hold now; the trap runs when this function returns
+  trap "docker rmi '${hold}' >/dev/null 2>&1 || true; trap - RETURN" RETURN
   # The label must say what the build step did: read its record back from the built image.
   record="$(docker run --rm --network none --entrypoint cat "${built_id}" \
     "${RECORD_DIR}/${layer}.json")" || {
