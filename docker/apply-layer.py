@@ -36,7 +36,7 @@ STAMP = PYLIB / ".glm53-wheelhouse-sha256"
 TOOLKIT = ("scripts", "recipekit", "patches", "requirements", "docker", "wheelhouse", "backport")
 LAYERS = ("v9", "v10", "v11")
 OK_OUTCOMES = ("applied", "already-applied", "provided-by-base")
-BACKPORT_DIFF = RECIPE / "backport" / "dflash2.diff"
+BACKPORT_DIFFS = RECIPE / "backport"  # dflash2-SHAPE.diff; patch-layer v9 probes which applies
 
 
 def say(message: str) -> None:
@@ -141,7 +141,7 @@ def run_layer(layer: str, root: Path) -> dict:
         "--json",
     ]
     if layer == "v9":
-        command += ["--diff", str(BACKPORT_DIFF)]
+        command += ["--diff", str(BACKPORT_DIFFS)]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PYLIB), env.get("PYTHONPATH", "")]))
     env["PYTHONDONTWRITEBYTECODE"] = "1"

@@ -23,6 +23,7 @@ from recipekit.codepatch import (
     ensure_relative_import,
     find_class,
     find_method,
+    replace_top_level,
     statement,
 )
 from recipekit.exact_patch import PatchRefused
@@ -143,10 +144,11 @@ class Glm5NextAuxHiddenStates(Glm5NextPatchLayer):
         new_model = new_model.deep_replace(
             find_method(new_model, "forward", TARGET), _rewrite_forward(forward, log)
         )
-        module = module.deep_replace(model, new_model)
+        module = replace_top_level(module, model, new_model)
         for outer in ("Glm5NextForCausalLM", "Glm5NextForConditionalGeneration"):
             cls = find_class(module, outer, TARGET)
-            module = module.deep_replace(
+            module = replace_top_level(
+                module,
                 cls, ensure_base(cls, "SupportsEagle3", log, f"{outer} supports EAGLE3")
             )
         return module

@@ -102,3 +102,54 @@ def test_without_deferred_state_the_hidden_state_is_already_complete():
     assert aux.completed_hidden_state(None, x, None, None, None) is x
     with pytest.raises(ValueError, match="deferred mHC state without the layer"):
         aux.completed_hidden_state(None, x, torch.randn(3, 2, 4), torch.rand(3, 2, 1), torch.rand(3, 2, 2))
+
+
+def test_drafter_tensors_take_the_bases_kvcachetensor_form(monkeypatch):
+    import dataclasses
+
+    @dataclasses.dataclass
+    class SharedByTensor:  # vLLM 0.27.1/0.28.0 and the fork: one allocation per tensor
+        size: int
+        shared_by: list
+        offset: int = 0
+        block_stride: int = 0
+
+    anchor = interface.KVCacheGroupSpec(["mla"], interface.FullAttentionSpec(
+        block_size=256, num_kv_heads=1, head_size=64, dtype=torch.bfloat16))
+    groups = draft_kv.with_draft_group([anchor], {"d0": sliding(block=256), "d1": sliding(block=256)})
+    page = 64 * 2 * 256 * 2
+    assert draft_kv.tensor_form() == "layers"  # the installed 0.30.0
+    monkeypatch.setattr(draft_kv, "KVCacheTensor", SharedByTensor)
+    assert draft_kv.tensor_form() == "shared_by"
+    tensors = draft_kv.draft_kv_cache_tensors(groups, num_blocks=10, size=999, offset=7)
+    assert tensors == [SharedByTensor(page * 10, ["d0"]), SharedByTensor(page * 10, ["d1"])]
+
+    @dataclasses.dataclass
+    class Unknown:
+        size: int
+
+    monkeypatch.setattr(draft_kv, "KVCacheTensor", Unknown)
+    with pytest.raises(TypeError, match=r"KVCacheTensor has fields \['size'\]"):
+        draft_kv.tensor_form()
+
+
+def test_seam_decorators_are_the_identity_without_a_drafter():
+    calls = []
+
+    def _glm5_next_tensor_layout(kv_cache_groups):
+        calls.append(list(kv_cache_groups))
+        return None
+
+    layout = draft_kv.glm5_next_layout_past_draft(_glm5_next_tensor_layout)
+    groups = [interface.KVCacheGroupSpec(["a"], sliding(block=64))]
+    assert layout(groups) is None and calls == [[]]  # a plain sliding group is the drafter's
+    target = [interface.KVCacheGroupSpec(["m"], interface.FullAttentionSpec(
+        block_size=64, num_kv_heads=1, head_size=8, dtype=torch.bfloat16))]
+    layout(target)
+    assert calls[-1] == target
+
+    def bytes_per_block(kv_cache_groups):
+        return 123
+
+    assert draft_kv.bytes_per_block_with_draft(bytes_per_block)(target) == 123
+    assert draft_kv.bytes_per_block_with_draft(bytes_per_block).__wrapped__ is bytes_per_block
