@@ -126,15 +126,17 @@ class EngineServer:
                 os.killpg(pgid, sig)
             except ProcessLookupError:
                 break
-            if self._group_gone(pgid, wait):
+            if self._group_gone(pgid, wait, self.process):
                 break
         if self.process.poll() is None:
             self.process.wait(timeout=10)
 
     @staticmethod
-    def _group_gone(pgid: int, wait: float) -> bool:
+    def _group_gone(pgid: int, wait: float, leader: subprocess.Popen) -> bool:
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
+            # reap the leader once it exits: a zombie still counts as a member of its group
+            leader.poll()
             try:
                 os.killpg(pgid, 0)
             except ProcessLookupError:
