@@ -26,10 +26,12 @@ K = 4
 TINY_CONTEXT = 4096
 # what every tier server gets: a small context and KV pool, float32 (drafter and verifier
 # agree exactly), eager (torch.compile costs 25-85 s a start here and the launcher test
-# covers it), and room for the bench's 4 streams plus warm-up
+# covers it), room for the bench's 4 streams plus warm-up, and 32-token blocks (the CPU
+# kernel's smallest; the default 128 would leave a receipt's short turns without a full
+# block to serve from the prefix cache)
 TINY_SERVE_ARGS = ["--max-model-len", str(TINY_CONTEXT), "--dtype", "float32",
                    "--enforce-eager", "--kv-cache-memory-bytes", str(256 << 20),
-                   "--max-num-seqs", "8"]
+                   "--max-num-seqs", "8", "--block-size", "32"]
 
 
 @dataclass(frozen=True)
@@ -123,8 +125,15 @@ class Fleet:
 
 
 def pytest_collection_finish(session):
-    wanted = {name.removeprefix("server_") for item in session.items
-              for name in getattr(item, "fixturenames", ()) if name.startswith("server_")}
+    """The servers the collected tests use: fixtures `server_NAME`, and `server` given NAME
+    by indirect parametrisation."""
+    wanted = set()
+    for item in session.items:
+        wanted |= {name.removeprefix("server_") for name in getattr(item, "fixturenames", ())
+                   if name.startswith("server_")}
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and "server" in callspec.params:
+            wanted.add(callspec.params["server"])
     session.config.stash[WANTED] = wanted
 
 
@@ -137,6 +146,12 @@ def fleet(request, engine, models, tmp_path_factory):
     fleet = Fleet(engine, models, wanted, tmp_path_factory.mktemp("engine-logs"))
     yield fleet
     fleet.stop_all()
+
+
+@pytest.fixture
+def server(request, fleet) -> EngineServer:
+    """The server named by indirect parametrisation: parametrize("server", [...], indirect=True)."""
+    return fleet.get(request.param)
 
 
 @pytest.fixture(scope="session")

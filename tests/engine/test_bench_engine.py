@@ -59,13 +59,16 @@ def run_bench(server: EngineServer, tmp_path, args=BENCH_ARGS, in_process=False)
 
 
 @pytest.fixture(scope="module")
-def oracle_run(server_oracle, tmp_path_factory) -> BenchRun:
-    return run_bench(server_oracle, tmp_path_factory.mktemp("oracle"))
+def runs() -> dict[str, BenchRun]:
+    return {}
 
 
-@pytest.fixture(scope="module")
-def plain_run(server_plain, tmp_path_factory) -> BenchRun:
-    return run_bench(server_plain, tmp_path_factory.mktemp("plain"))
+@pytest.fixture
+def bench_run(server, runs, tmp_path_factory) -> BenchRun:
+    """The full bench (both phases, c=1,2,4) on the parametrised server, run once a module."""
+    if server.name not in runs:
+        runs[server.name] = run_bench(server, tmp_path_factory.mktemp(server.name))
+    return runs[server.name]
 
 
 @pytest.fixture(scope="module")
@@ -75,39 +78,43 @@ def blind_run(server_blind, tmp_path_factory) -> BenchRun:
                       "--max-tokens", str(MAX_TOKENS), "--quiet"])
 
 
-@pytest.fixture(params=["oracle", "plain"])
-def any_run(request) -> BenchRun:
-    return request.getfixturevalue(f"{request.param}_run")
+BOTH = pytest.mark.parametrize("server", ["oracle", "plain"], indirect=True)
+ORACLE = pytest.mark.parametrize("server", ["oracle"], indirect=True)
+PLAIN = pytest.mark.parametrize("server", ["plain"], indirect=True)
 
 
-def test_every_cell_of_both_phases_uses_the_exact_method(any_run):
-    assert any_run.exit_code == 0
-    cells = {(c["phase"], c["concurrency"]) for c in any_run.doc["cells"]}
+@BOTH
+def test_every_cell_of_both_phases_uses_the_exact_method(bench_run):
+    assert bench_run.exit_code == 0
+    cells = {(c["phase"], c["concurrency"]) for c in bench_run.doc["cells"]}
     assert cells == {(p, c) for p in ("prose", "structured") for c in (1, 2, 4)}
-    assert check_methods(any_run.doc) == []
+    assert check_methods(bench_run.doc) == []
 
 
-def test_oracle_drafter_every_draft_accepted(oracle_run):
-    assert check_oracle(oracle_run.doc, K) == []
+@ORACLE
+def test_oracle_drafter_every_draft_accepted(bench_run):
+    assert check_oracle(bench_run.doc, K) == []
 
 
-def test_undrafted_server_spec_fields_absent(plain_run):
-    assert check_undrafted(plain_run.doc) == []
+@PLAIN
+def test_undrafted_server_spec_fields_absent(bench_run):
+    assert check_undrafted(bench_run.doc) == []
 
 
-def test_completion_tokens_equal_the_servers_usage(any_run):
-    assert all(s["completion_tokens"] == MAX_TOKENS for w in any_run.doc["waves"]
+@BOTH
+def test_completion_tokens_equal_the_servers_usage(bench_run):
+    assert all(s["completion_tokens"] == MAX_TOKENS for w in bench_run.doc["waves"]
                for s in w["streams"])
-    assert check_usage(any_run.doc, any_run.relayed, any_run.generated) == []
+    assert check_usage(bench_run.doc, bench_run.relayed, bench_run.generated) == []
 
 
-def test_per_stream_tok_s_matches_a_second_client(any_run, request, tmp_path):
+@BOTH
+def test_per_stream_tok_s_matches_a_second_client(bench_run, server, tmp_path):
     """Within 1% per stream, and the same decode tokens. Two processes reading one stream
     on a loaded 2-core machine can be descheduled apart for 100+ ms (seen here with other
     jobs running), so a failing run is measured once more and that one must pass."""
-    problems = check_against_relay(any_run.doc, any_run.relayed)
+    problems = check_against_relay(bench_run.doc, bench_run.relayed)
     if problems:
-        server = request.getfixturevalue(f"server_{request.node.callspec.id}")
         again = run_bench(server, tmp_path)
         retry = check_against_relay(again.doc, again.relayed)
         assert retry == [], f"first run: {problems}; second run: {retry}"
