@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -116,3 +117,29 @@ def test_stream_follows_the_programmed_schedule_on_absolute_deadlines():
     # 1 token, then steps of 4 and 1 tokens: 40 steps carry the other 100
     assert len(times) == 41 and usages[:4] == [1, 5, 6, 10]
     assert times[-1] - times[0] == pytest.approx(0.40, abs=0.004)
+
+
+def test_answer_mode_refuses_a_tool_result_for_a_call_never_made():
+    """The probes' second turn is checked as a real server would: a tool message must answer
+    an assistant tool call by its id."""
+    messages = [{"role": "user", "content": "weather in Paris?"},
+                {"role": "assistant", "content": "",
+                 "tool_calls": [{"id": "call_1", "type": "function",
+                                 "function": {"name": "get_weather", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "call_2", "content": "{}"}]
+    with fake_vllm.spawn("--answer-probes") as fake:
+        with pytest.raises(urllib.error.HTTPError) as error:
+            _post(fake.url, {"messages": messages})
+        assert error.value.code == 400
+        assert "tool_call_id 'call_2' matches no assistant tool_calls id" in error.value.read(
+            ).decode()
+        messages[2]["tool_call_id"] = "call_1"
+        answer = json.loads(_post(fake.url, {"messages": messages}))
+    assert answer["choices"][0]["message"]["content"].startswith("The tool said: {}")
+
+
+def test_answer_mode_refuses_an_unknown_fault():
+    result = subprocess.run([sys.executable, str(FAKE), "serve", "m", "--port", "0",
+                             "--answer-probes", "--answer-faults", "needle_missing,vibes"],
+                            check=False, capture_output=True, text=True, timeout=20)
+    assert result.returncode != 0 and "--answer-faults vibes unknown" in result.stderr
