@@ -78,7 +78,9 @@ def draft_model_args(drafter: Path, k: int = K) -> list[str]:
 def server_specs(models: TinyModels) -> dict[str, tuple[Path, list[str], str]]:
     """name -> (model, extra args, served model name)."""
     return {
-        "plain": (models.target, [], "tiny-target"),
+        # the probes' tool calls go through vLLM's hermes parser (our template's tags)
+        "plain": (models.target, ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"],
+                  "tiny-target"),
         "oracle": (models.target, draft_model_args(models.oracle_drafter()), "tiny-target"),
         "blind": (models.target, draft_model_args(models.blind_drafter), "tiny-target"),
         "other": (models.other, [], "tiny-other"),
