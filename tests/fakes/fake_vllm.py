@@ -80,6 +80,14 @@ streamed request, truncate faults still apply):
   --prefill-tok-s R       FAKE_VLLM_PREFILL_TOK_S    first token at ttft + prompt tokens / R
                                                       (prompt tokens = JSON of the messages / 4)
 
+Launcher options (for run.sh's memory guard and scripts/doctor):
+  --max-model-len N       (vLLM's flag)              the max_model_len /v1/models reports;
+                                                      default 327680
+  --boot-log              FAKE_VLLM_BOOT_LOG=1       print vLLM 0.30.0's boot-phase lines to
+                                                      stderr, spread over --startup-seconds
+                                                      ("Model loading took" at 1/3, "GPU KV
+                                                      cache size" at 2/3; headless ranks too)
+
 Truth it follows: a chat request arriving at t0 gets its first chunk (with
 --first-chunk-tokens tokens) at t0 + ttft, and chunk j >= 1 at exactly t0 + ttft + j * step
 (absolute deadlines, so lateness never accumulates), carrying 1 + accepted tokens (accepted
@@ -189,7 +197,35 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--startup-seconds", type=float,
                         default=float(env("FAKE_VLLM_STARTUP_SECONDS", "0")))
     add_answer_options(parser)
+    add_launcher_options(parser)
     return parser
+
+
+def add_launcher_options(parser: argparse.ArgumentParser) -> None:
+    """What run.sh's memory guard and scripts/doctor read from a rank: kept apart from the
+    bench and probe options above."""
+    parser.add_argument("--max-model-len", type=int, default=327680)
+    parser.add_argument("--boot-log", action="store_true",
+                        default=_env_flag("FAKE_VLLM_BOOT_LOG"))
+
+
+# vLLM 0.30.0's own lines that end a boot phase (gpu_model_runner.py, kv_cache_utils.py).
+BOOT_LOG_LINES = (
+    "INFO [gpu_model_runner.py:5417] Model loading took 1.50 GiB memory and 1.000000 seconds",
+    "INFO [kv_cache_utils.py:2396] GPU KV cache size: 400,497 tokens, Maximum concurrency for "
+    "327,680 tokens per request: 1.22x",
+)
+
+
+async def boot_log(startup_s: float, stop: asyncio.Event) -> bool:
+    """Prints the boot-phase lines spread over the start-up; False when stopped meanwhile."""
+    for line in BOOT_LOG_LINES:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), startup_s / (len(BOOT_LOG_LINES) + 1))
+        if stop.is_set():
+            return False
+        print(line, file=sys.stderr, flush=True)
+    return True
 
 
 @dataclass
@@ -218,6 +254,7 @@ class Program:
     version: str
     request_log: str
     answers: AnswerProgram | None = None
+    max_model_len: int = 327680
 
 
 def program_from_args(args: argparse.Namespace) -> Program:
@@ -266,6 +303,7 @@ def program_from_args(args: argparse.Namespace) -> Program:
         version=args.version_string,
         request_log=args.request_log,
         answers=answer_program_from_args(args),
+        max_model_len=args.max_model_len,
     )
 
 
@@ -916,7 +954,7 @@ class FakeServer:
             writer.write(_json_response(200, {"object": "list", "data": [{
                 "id": name, "object": "model", "created": self.state.created,
                 "owned_by": "vllm", "root": program.model, "parent": None,
-                "max_model_len": 327680} for name in program.served_names]}))
+                "max_model_len": program.max_model_len} for name in program.served_names]}))
         elif method == "GET" and path == "/metrics":
             writer.write(_response(200, self.state.metrics_text().encode(),
                                    "text/plain; version=0.0.4; charset=utf-8"))
@@ -937,11 +975,17 @@ async def _serve(args: argparse.Namespace, program: Program) -> int:
         loop.add_signal_handler(sig, stop.set)
     if args.headless:
         print(f"fake-vllm headless rank for {program.model}", file=sys.stderr, flush=True)
+        if args.boot_log:
+            await boot_log(args.startup_seconds, stop)
         await stop.wait()
         return 0
-    if args.startup_seconds > 0:
+    began = loop.time()
+    if args.boot_log and not await boot_log(args.startup_seconds, stop):
+        return 0
+    remaining = args.startup_seconds - (loop.time() - began)
+    if remaining > 0:
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(stop.wait(), args.startup_seconds)
+            await asyncio.wait_for(stop.wait(), remaining)
         if stop.is_set():
             return 0
     fake = FakeServer(program)

@@ -79,6 +79,22 @@ def test_headless_rank_serves_nothing_and_stops_cleanly_on_sigterm():
     process.stderr.close()
 
 
+def test_launcher_options_report_max_model_len_and_log_the_boot_phases():
+    with fake_vllm.spawn("--max-model-len", "200000") as fake:
+        assert json.loads(_get(fake.url + "/v1/models")[1])["data"][0]["max_model_len"] == 200000
+    process = subprocess.Popen([sys.executable, str(FAKE), "serve", "m", "--port", "0",
+                                "--boot-log", "--startup-seconds", "0.6"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    began = time.monotonic()
+    assert process.stdout.readline().startswith("fake-vllm listening on ")
+    assert time.monotonic() - began >= 0.5
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=10)
+    lines = stderr.splitlines()
+    assert "Model loading took" in lines[0] and "GPU KV cache size: " in lines[1]
+    assert lines[2] == "INFO: Application startup complete."
+
+
 def test_environment_programs_the_fake_and_counters_can_drop_total():
     env = {"FAKE_VLLM_NUM_SPEC_TOKENS": "2", "FAKE_VLLM_ACCEPT_PATTERN": "1",
            "FAKE_VLLM_METRICS_WITHOUT_TOTAL": "1", "FAKE_VLLM_START_TIME": "1234.5"}
