@@ -25,6 +25,8 @@ source "${LAUNCHER_DIR}/lib/drafter.sh"
 source "${LAUNCHER_DIR}/lib/images.sh"
 # shellcheck source=launcher/lib/ranks.sh
 source "${LAUNCHER_DIR}/lib/ranks.sh"
+# shellcheck source=launcher/lib/memguard.sh
+source "${LAUNCHER_DIR}/lib/memguard.sh"
 
 dry_run() {
   settle_pins 0
@@ -33,6 +35,7 @@ dry_run() {
   show_running_check
   show_prepare_nodes
   show_images
+  show_jit_cache
   show_pins_and_drafter
   show_ranks
 }
@@ -43,6 +46,7 @@ serve() {
   check_no_running_ranks
   prepare_nodes
   ensure_images
+  prepare_jit_cache
   settle_pins 1
   prepare_drafter_everywhere
   startup_line "${DRAFTER_PHRASE}"
@@ -50,7 +54,9 @@ serve() {
   trap stop_if_half_started EXIT
   trap 'exit 130' INT TERM
   start_ranks
+  start_memory_guard
   wait_until_ready
+  stop_memory_guard
 }
 
 main() {

@@ -111,12 +111,15 @@ async def _get_json(session: aiohttp.ClientSession, url: str):
             return status, None
 
 
-async def _server_identity(session: aiohttp.ClientSession, url: str, model: str | None):
+async def server_identity(session: aiohttp.ClientSession, url: str, model: str | None,
+                          url_flag: str = "--url"):
+    """(model id, the /v1/models answer, vLLM version or None); BenchError when the server
+    cannot be reached, is not OpenAI-compatible, or serves several models and none was given."""
     try:
         status, models = await _get_json(session, url + "/v1/models")
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         raise BenchError(f"cannot reach {url}/v1/models ({exc!r}): is the server up? "
-                         f"pass --url") from exc
+                         f"pass {url_flag}") from exc
     if status != 200:
         raise BenchError(f"{url}/v1/models answered HTTP {status}: is {url} an "
                          f"OpenAI-compatible server?")
@@ -166,7 +169,7 @@ async def run_bench(opts: argparse.Namespace, progress: BenchProgress) -> dict:
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10.0, sock_read=opts.timeout)
     cpu0 = time.process_time()
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as client:
-        model, models, version = await _server_identity(client, url, opts.model)
+        model, models, version = await server_identity(client, url, opts.model)
         bench_id = secrets.token_hex(4)
         request_template = chat_request(model, [], opts.max_tokens, opts.ignore_eos)
         del request_template["messages"]

@@ -77,7 +77,7 @@ class StreamRecord:
         return out
 
 
-def _error_message(payload: object) -> str:
+def error_message(payload: object) -> str:
     if isinstance(payload, dict):
         inner = payload.get("error", payload)
         if isinstance(inner, dict):
@@ -89,13 +89,19 @@ def _error_message(payload: object) -> str:
 class _StreamParse:
     """Accumulates what the SSE lines of one stream say."""
 
-    def __init__(self, record: StreamRecord, wave_t0: float, tally: Tally):
+    def __init__(self, record: StreamRecord, wave_t0: float, tally: Tally,
+                 keep_text: bool = False):
         self.record, self.wave_t0, self.tally = record, wave_t0, tally
         self.error: str | None = None
         self.final_usage: dict | None = None
         self.cumulative = 0
         self.every_chunk_has_usage = True
         self.first_chunk_abs: float | None = None
+        # the bench never reads the text; the probes do (keep_text), at a string per chunk
+        self.keep_text = keep_text
+        self.content: list[str] = []
+        self.reasoning: list[str] = []
+        self.last_usage: dict | None = None
 
     def line(self, line: str, now: float) -> None:
         if not line.startswith("data:"):
@@ -113,7 +119,7 @@ class _StreamParse:
         if not isinstance(obj, dict):
             return
         if "error" in obj or obj.get("object") == "error":
-            self.error = self.error or f"error_event: {_error_message(obj)}"
+            self.error = self.error or f"error_event: {error_message(obj)}"
             return
         usage = obj.get("usage")
         choices = obj.get("choices") or []
@@ -123,6 +129,8 @@ class _StreamParse:
             return
         choice = choices[0]
         self.record.finish_reason = choice.get("finish_reason") or self.record.finish_reason
+        if self.keep_text:
+            self._keep(choice.get("delta") or {}, usage)
         if isinstance(usage, dict) and "completion_tokens" in usage:
             tokens = int(usage["completion_tokens"]) - self.cumulative
             self.cumulative = int(usage["completion_tokens"])
@@ -139,6 +147,13 @@ class _StreamParse:
             self.record.chunk_times_s.append(now - self.wave_t0)
             self.record.chunk_tokens.append(tokens)
             self.tally.tokens += tokens or 1
+
+    def _keep(self, delta: dict, usage: object) -> None:
+        self.content.append(delta.get("content") or "")
+        # vLLM 0.27.1-0.33.0 name the field reasoning; the DeepSeek API reasoning_content
+        self.reasoning.append(delta.get("reasoning") or delta.get("reasoning_content") or "")
+        if isinstance(usage, dict):
+            self.last_usage = usage
 
 
 def _fail(record: StreamRecord, kind: str, detail: str) -> StreamRecord:
@@ -194,6 +209,15 @@ async def run_stream(session: aiohttp.ClientSession, url: str, body: dict, strea
 async def _send(session: aiohttp.ClientSession, url: str, body: dict, record: StreamRecord,
                 wave_t0: float, tally: Tally) -> StreamRecord:
     parse = _StreamParse(record, wave_t0, tally)
+    failed, t_sent = await _post_and_parse(session, url, body, parse)
+    return failed or _finish(record, parse, t_sent)
+
+
+async def _post_and_parse(session: aiohttp.ClientSession, url: str, body: dict,
+                          parse: _StreamParse) -> tuple[StreamRecord | None, float]:
+    """POST body and feed every SSE line to parse: (the failed record when the transport or
+    the HTTP status failed, else None; the perf_counter time the request was sent)."""
+    record = parse.record
     clock = time.perf_counter
     t_sent = clock()
     try:
@@ -202,19 +226,49 @@ async def _send(session: aiohttp.ClientSession, url: str, body: dict, record: St
             if reply.status != 200:
                 raw = await reply.read()
                 try:
-                    message = _error_message(json.loads(raw))
+                    message = error_message(json.loads(raw))
                 except ValueError:
                     message = raw[:300].decode("utf-8", "replace")
-                return _fail(record, f"http_{reply.status}", message)
+                return _fail(record, f"http_{reply.status}", message), t_sent
             async for raw_line in reply.content:
                 parse.line(raw_line.decode("utf-8", "replace"), clock())
     except asyncio.TimeoutError:
-        return _fail(record, "timeout", f"no bytes for too long, after {clock() - t_sent:.1f}s")
+        return _fail(record, "timeout", f"no bytes for too long, after "
+                                        f"{clock() - t_sent:.1f}s"), t_sent
     except aiohttp.ClientConnectorError as exc:
-        return _fail(record, "connect_error", str(exc) or type(exc).__name__)
+        return _fail(record, "connect_error", str(exc) or type(exc).__name__), t_sent
     except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError,
             aiohttp.ClientOSError) as exc:
-        return _fail(record, "truncated", f"connection broke mid-stream ({exc})")
+        return _fail(record, "truncated", f"connection broke mid-stream ({exc})"), t_sent
     except ValueError as exc:   # aiohttp refuses an over-long line
-        return _fail(record, "bad_chunk", str(exc))
-    return _finish(record, parse, t_sent)
+        return _fail(record, "bad_chunk", str(exc)), t_sent
+    return None, t_sent
+
+
+@dataclass
+class StreamedText:
+    """One streamed reply with its text kept: what the probes judge and time."""
+
+    record: StreamRecord          # the bench's verdict on the stream (ok, failure, detail)
+    delivered: bool               # the HTTP exchange completed (the text can be judged)
+    content: str
+    reasoning: str
+    usage: dict | None            # the final usage chunk, else the last usage seen
+    ttft_s: float | None          # request sent to the first token-bearing chunk
+
+
+async def stream_text(session: aiohttp.ClientSession, url: str, body: dict) -> StreamedText:
+    """Send one streamed request and keep its text; never raises for server faults."""
+    record = StreamRecord(stream=0, prefix="")
+    parse = _StreamParse(record, time.perf_counter(), Tally(), keep_text=True)
+    failed, t_sent = await _post_and_parse(session, url, body, parse)
+    if failed is None:
+        _finish(record, parse, t_sent)
+    # the text is whole unless the stream broke; a missing usage or [DONE], or a one-chunk
+    # answer, spoil only the timing
+    delivered = failed is None and record.failure not in ("error_event", "truncated",
+                                                          "bad_chunk")
+    ttft = None if parse.first_chunk_abs is None else parse.first_chunk_abs - t_sent
+    return StreamedText(record=record, delivered=delivered, content="".join(parse.content),
+                        reasoning="".join(parse.reasoning),
+                        usage=parse.final_usage or parse.last_usage, ttft_s=ttft)

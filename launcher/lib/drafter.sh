@@ -49,7 +49,7 @@ settle_pins() {
   local resolve=$1
   MODEL_PIN=""
   if [[ ${MODEL} != /* ]]; then
-    known_pin "${MODEL}" "${MODEL_REVISION}" ""
+    known_pin "${MODEL}" "${MODEL_REVISION}" "${KNOWN_MODEL_PINS[${MODEL}]:-}"
     MODEL_PIN=${REPLY:-${UNPINNED}}
     if [[ -z ${REPLY} && ${resolve} == 1 ]]; then
       resolve_and_record_pin "${MODEL}"

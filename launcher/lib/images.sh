@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# shellcheck disable=SC2153  # knobs are assigned by name in load_settings (settings.sh)
+# shellcheck disable=SC2034,SC2153  # IMAGE_ID is read by plan.sh; knobs assigned by name in settings.sh
 # The serving image on every node: built on the head when missing, streamed from the head
 # to a worker that lacks it, and the same image ID everywhere before anything starts.
 
@@ -58,6 +58,7 @@ ensure_images() {
     [[ ${REPLY} == "${head_id}" ]] \
       || refuse IMAGE "${IMAGE}" "on ${NODE_LIST[index]} it is ${REPLY}, on the head ${head_id}; accepted: one image ID on every node (docker rmi it on ${NODE_LIST[index]} and rerun to stream the head's)"
   done
+  IMAGE_ID=${head_id}
 }
 
 # DRY_RUN: the image commands, the conditional ones under a comment saying when.

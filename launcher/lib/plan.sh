@@ -7,8 +7,40 @@ readonly UNPINNED='<resolved-at-run>'
 readonly RESOLVE_CODE='import sys; from huggingface_hub import HfApi; print(HfApi().model_info(sys.argv[1]).sha)'
 readonly FETCH_CODE='import sys; from huggingface_hub import snapshot_download; print(snapshot_download(sys.argv[1], revision=sys.argv[2]))'
 
+# The container environment the launcher sets, by name, and the setting each comes from
+# ("fixed": part of the seed's verified run). EXTRA_ENV may not set these names.
+readonly -A LAUNCHER_ENV=(
+  ["HF_HOME"]=HF_CACHE ["HF_TOKEN_PATH"]=HF_TOKEN_FILE
+  ["TORCH_CUDA_ARCH_LIST"]=CUDA_ARCH_LIST ["FLASHINFER_CUDA_ARCH_LIST"]=CUDA_ARCH_LIST
+  ["FLASHINFER_DISABLE_VERSION_CHECK"]=fixed ["VLLM_ENGINE_READY_TIMEOUT_S"]=ENGINE_READY_TIMEOUT
+  ["PYTORCH_CUDA_ALLOC_CONF"]=fixed
+  ["VLLM_CACHE_ROOT"]=JIT_CACHE ["FLASHINFER_WORKSPACE_BASE"]=JIT_CACHE ["DG_JIT_CACHE_DIR"]=JIT_CACHE
+  ["TRITON_CACHE_DIR"]=JIT_CACHE ["TILELANG_CACHE_DIR"]=JIT_CACHE ["TORCHINDUCTOR_CACHE_DIR"]=JIT_CACHE
+  ["CUDA_CACHE_PATH"]=JIT_CACHE
+  ["VLLM_HOST_IP"]=NODES ["NCCL_SOCKET_IFNAME"]=IFACE ["GLOO_SOCKET_IFNAME"]=IFACE
+  ["TP_SOCKET_IFNAME"]=IFACE ["NCCL_IB_HCA"]=HCA ["NCCL_NET"]=fixed ["NCCL_IB_DISABLE"]=fixed
+  ["NCCL_CROSS_NIC"]=fixed ["NCCL_NVLS_ENABLE"]=fixed ["NCCL_CUMEM_ENABLE"]=fixed
+  ["NCCL_DEBUG"]=NCCL_DEBUG_LEVEL
+)
+
+# Each engine's JIT cache variable and its directory under CONTAINER_JIT_DIR (variable
+# names checked in vLLM 0.30.0, flashinfer-python 0.6.18, triton 3.7, tilelang 0.1.12,
+# torch 2.13; CUDA_CACHE_PATH is the CUDA driver's PTX JIT cache).
+readonly JIT_CACHE_VARS=(VLLM_CACHE_ROOT=vllm FLASHINFER_WORKSPACE_BASE=flashinfer
+  DG_JIT_CACHE_DIR=deep_gemm TRITON_CACHE_DIR=triton TILELANG_CACHE_DIR=tilelang
+  TORCHINDUCTOR_CACHE_DIR=inductor CUDA_CACHE_PATH=cuda)
+
+# The image ID every node runs (set once the images agree; DRY_RUN shows a placeholder).
+IMAGE_ID='<image-id>'
+
 rank_container() {
   REPLY=glm53-rank$1
+}
+
+# This run's JIT cache directory on every node: JIT_CACHE keyed by the image ID, so a
+# new image starts a new directory and an old one is never fed kernels it did not build.
+jit_dir() {
+  REPLY=${JIT_CACHE}/${IMAGE_ID#sha256:}
 }
 
 # k drafted per step: what the capture sizes and the start-up line are built from.
@@ -35,26 +67,40 @@ capture_sizes() {
   REPLY=${size// /,}
 }
 
-speculative_config_json() {
+# vLLM's speculative_config.method for SPEC (DFlash2 keeps "dflash"); empty for off.
+speculative_method() {
   case ${SPEC} in
-    dflash2)
-      REPLY="{\"method\":\"dflash\",\"model\":\"${DRAFT_DIR}\",\"num_speculative_tokens\":${NUM_SPECULATIVE_TOKENS}}"
-      ;;
-    mtp) REPLY="{\"method\":\"mtp\",\"num_speculative_tokens\":${MTP_NUM_SPECULATIVE_TOKENS}}" ;;
+    dflash2) REPLY=dflash ;;
+    mtp) REPLY=mtp ;;
+    *) REPLY="" ;;
+  esac
+}
+
+speculative_config_json() {
+  local k
+  speculative_tokens
+  k=${REPLY}
+  speculative_method
+  case ${SPEC} in
+    dflash2) REPLY="{\"method\":\"${REPLY}\",\"model\":\"${DRAFT_DIR}\",\"num_speculative_tokens\":${k}}" ;;
+    mtp) REPLY="{\"method\":\"${REPLY}\",\"num_speculative_tokens\":${k}}" ;;
     *) REPLY="" ;;
   esac
 }
 
 # The `vllm serve` argv for RANK (without the `vllm` entry point), into SERVE_ARGV.
+# Order follows the seed's command; README's launcher section gives each flag's source.
 vllm_serve_argv() {
-  local rank=$1 nodes=${#NODE_LIST[@]}
+  local rank=$1 nodes=${#NODE_LIST[@]} thinking=false
   SERVE_ARGV=(serve "${MODEL}")
   [[ ${MODEL} == /* ]] || SERVE_ARGV+=(--revision "${MODEL_PIN}")
-  ((rank != 0)) || SERVE_ARGV+=(--port "${PORT}")
+  ((rank != 0)) || SERVE_ARGV+=(--host 0.0.0.0 --port "${PORT}")
   SERVE_ARGV+=(--tensor-parallel-size "${TP}" --max-model-len "${MAX_MODEL_LEN}"
-    --max-num-seqs "${MAX_NUM_SEQS}" --kv-cache-dtype "${KV_CACHE_DTYPE}"
-    --kv-cache-memory-bytes "${KV_CACHE_MEMORY_BYTES}")
+    --kv-cache-dtype "${KV_CACHE_DTYPE}" --kv-cache-memory-bytes "${KV_CACHE_MEMORY_BYTES}"
+    --gpu-memory-utilization "${GPU_MEMORY_UTILIZATION}" --max-num-seqs "${MAX_NUM_SEQS}")
   [[ -z ${BLOCK_SIZE} ]] || SERVE_ARGV+=(--block-size "${BLOCK_SIZE}")
+  [[ -z ${MOE_BACKEND} ]] || SERVE_ARGV+=(--moe-backend "${MOE_BACKEND}")
+  [[ -z ${LINEAR_BACKEND} ]] || SERVE_ARGV+=(--linear-backend "${LINEAR_BACKEND}")
   speculative_config_json
   [[ -z ${REPLY} ]] || SERVE_ARGV+=(--speculative-config "${REPLY}")
   if [[ ${ENFORCE_EAGER} == 1 ]]; then
@@ -63,6 +109,14 @@ vllm_serve_argv() {
     capture_sizes
     SERVE_ARGV+=(--compilation-config "{\"cudagraph_capture_sizes\":[${REPLY}]}")
   fi
+  [[ -z ${TOOL_CALL_PARSER} ]] || SERVE_ARGV+=(--tool-call-parser "${TOOL_CALL_PARSER}" --enable-auto-tool-choice)
+  [[ -z ${REASONING_PARSER} ]] || SERVE_ARGV+=(--reasoning-parser "${REASONING_PARSER}")
+  [[ ${THINKING} == 0 ]] || thinking=true
+  SERVE_ARGV+=(--default-chat-template-kwargs "{\"enable_thinking\": ${thinking}}")
+  [[ -z ${SERVED_MODEL_NAME} ]] || SERVE_ARGV+=(--served-model-name "${SERVED_MODEL_NAME}")
+  SERVE_ARGV+=(--trust-remote-code)
+  [[ -z ${MM_PROCESSOR_CACHE_GB} ]] || SERVE_ARGV+=(--mm-processor-cache-gb "${MM_PROCESSOR_CACHE_GB}")
+  [[ -z ${GENERATION_JSON} ]] || SERVE_ARGV+=(--override-generation-config "${GENERATION_JSON}")
   if ((nodes > 1)); then
     SERVE_ARGV+=(--nnodes "${nodes}" --node-rank "${rank}" --master-addr "${NODE_LIST[0]}"
       --master-port "${MASTER_PORT}" --distributed-executor-backend mp)
@@ -93,21 +147,60 @@ local_dirs_argv() {
   fi
 }
 
+# What every rank's engines need on GB10 (the seed's verified run), into ENGINE_ENV_ARGV.
+engine_env_argv() {
+  ENGINE_ENV_ARGV=(--env "TORCH_CUDA_ARCH_LIST=${CUDA_ARCH_LIST}"
+    --env "FLASHINFER_CUDA_ARCH_LIST=${CUDA_ARCH_LIST}"
+    --env FLASHINFER_DISABLE_VERSION_CHECK=1
+    --env "VLLM_ENGINE_READY_TIMEOUT_S=${ENGINE_READY_TIMEOUT}"
+    --env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)
+}
+
+# The node's JIT cache directory mounted into the rank, every engine's cache pointed into
+# it, into JIT_ARGV (empty when JIT_CACHE is empty).
+jit_cache_argv() {
+  local pair
+  JIT_ARGV=()
+  [[ -n ${JIT_CACHE} ]] || return 0
+  jit_dir
+  JIT_ARGV=(--mount "type=bind,src=${REPLY},dst=${CONTAINER_JIT_DIR}")
+  for pair in "${JIT_CACHE_VARS[@]}"; do
+    JIT_ARGV+=(--env "${pair%%=*}=${CONTAINER_JIT_DIR}/${pair#*=}")
+  done
+}
+
+# The node-to-node link for RANK (two or more nodes), into LINK_ENV_ARGV: this node's own
+# address as VLLM_HOST_IP, the link's interface and RDMA device, the seed's NCCL settings.
+link_env_argv() {
+  local rank=$1
+  LINK_ENV_ARGV=()
+  ((${#NODE_LIST[@]} > 1)) || return 0
+  LINK_ENV_ARGV=(--env "VLLM_HOST_IP=${NODE_LIST[rank]}"
+    --env "NCCL_SOCKET_IFNAME=${IFACE}" --env "GLOO_SOCKET_IFNAME=${IFACE}"
+    --env "TP_SOCKET_IFNAME=${IFACE}" --env "NCCL_IB_HCA=${HCA}"
+    --env NCCL_NET=IB --env NCCL_IB_DISABLE=0 --env NCCL_CROSS_NIC=1
+    --env NCCL_NVLS_ENABLE=0 --env NCCL_CUMEM_ENABLE=0 --env "NCCL_DEBUG=${NCCL_DEBUG_LEVEL}")
+}
+
 # `docker run` for RANK, into CMD.
 serve_container_argv() {
-  local rank=$1 name
+  local rank=$1 name word
   rank_container "${rank}"
   name=${REPLY}
   hub_access_argv
   local_dirs_argv
+  engine_env_argv
+  jit_cache_argv
+  link_env_argv "${rank}"
   vllm_serve_argv "${rank}"
   CMD=(docker run --detach --name "${name}" --label "${SERVE_LABEL}"
-    --label "glm53.rank=${rank}" --network host --ipc host "${DOCKER_WORDS[@]}"
-    "${HUB_ARGV[@]}" "${LOCAL_DIRS_ARGV[@]}")
-  if ((${#NODE_LIST[@]} > 1)); then
-    CMD+=(--env "NCCL_SOCKET_IFNAME=${IFACE}" --env "GLOO_SOCKET_IFNAME=${IFACE}"
-      --env "NCCL_IB_HCA=${HCA}")
-  fi
+    --label "glm53.rank=${rank}" --network host --ipc host --shm-size 32g
+    --cap-add IPC_LOCK --restart no "${DOCKER_WORDS[@]}"
+    "${HUB_ARGV[@]}" "${LOCAL_DIRS_ARGV[@]}" "${ENGINE_ENV_ARGV[@]}" "${JIT_ARGV[@]}"
+    "${LINK_ENV_ARGV[@]}")
+  for word in "${EXTRA_ENV_WORDS[@]}"; do
+    CMD+=(--env "${word}")
+  done
   CMD+=(--entrypoint vllm "${IMAGE}" "${SERVE_ARGV[@]}")
 }
 
@@ -149,6 +242,17 @@ serve_containers_argv() {
 
 api_probe_argv() {
   CMD=(curl --silent --fail --output /dev/null --max-time 5 "http://127.0.0.1:${PORT}/v1/models")
+}
+
+# The same request, printing the model list.
+api_models_argv() {
+  CMD=(curl --silent --fail --max-time 5 "http://127.0.0.1:${PORT}/v1/models")
+}
+
+# What scripts/doctor reads of a rank container: status, image ID and argv.
+rank_facts_argv() {
+  rank_container "$1"
+  CMD=(docker inspect --format '{{.State.Status}} {{.Image}} {{json .Args}}' "${REPLY}")
 }
 
 # Bytes as GiB with two decimals, truncated (4445787956 -> 4.14).

@@ -8,6 +8,7 @@ readonly LOG_TAIL_LINES=40
 RANKS_STARTED=0
 CLUSTER_READY=0
 STOP_FAILURES=0
+SLEEP_PID=""
 
 # Removes every serve container on every node (also ones a rank left behind); a node that
 # cannot be reached is reported and counted in STOP_FAILURES, and the others still stopped.
@@ -64,6 +65,30 @@ show_prepare_nodes() {
   done
 }
 
+# Every node: this image's JIT cache directory. stop.sh leaves it, so the next boot of
+# the same image skips the kernel builds; a new image ID gets a new directory.
+prepare_jit_cache() {
+  local index dir
+  [[ -n ${JIT_CACHE} ]] || return 0
+  jit_dir
+  dir=${REPLY}
+  for index in "${!NODE_LIST[@]}"; do
+    on_node "${index}" mkdir -p "${dir}" || die "cannot create the JIT cache ${dir} on ${NODE_LIST[index]}"
+  done
+  say "JIT cache: ${dir} on every node"
+}
+
+show_jit_cache() {
+  local index dir
+  [[ -n ${JIT_CACHE} ]] || return 0
+  printf '# every node: the JIT cache directory of this image (JIT_CACHE/<image ID>, kept by stop.sh)\n'
+  jit_dir
+  dir=${REPLY}
+  for index in "${!NODE_LIST[@]}"; do
+    show_on_node "${index}" mkdir -p "${dir}"
+  done
+}
+
 start_ranks() {
   local index
   RANKS_STARTED=1
@@ -88,8 +113,17 @@ report_dead_rank() {
   container=${REPLY}
   printf 'glm53: last %d log lines of %s on %s:\n' "${LOG_TAIL_LINES}" "${container}" "${NODE_LIST[index]}" >&2
   on_node "${index}" docker logs --tail "${LOG_TAIL_LINES}" "${container}" >&2 2>&1 || true
+  stop_memory_guard
   stop_all_ranks
   die "rank ${index} (${container} on ${NODE_LIST[index]}) is ${status} before the API answered; every rank was stopped"
+}
+
+# Sleeps SECONDS so that a signal (the memory guard's USR1) is handled at once.
+guarded_sleep() {
+  sleep "$1" &
+  SLEEP_PID=$!
+  wait "${SLEEP_PID}" || true
+  SLEEP_PID=""
 }
 
 api_ready() {
@@ -98,6 +132,7 @@ api_ready() {
 }
 
 # Polls the API while every rank's container is watched; a dead rank stops all of them.
+# (run.sh only: it also sources memguard.sh, whose guard runs during this wait.)
 wait_until_ready() {
   local index start now last_report=-${PROGRESS_EVERY_SECONDS}
   start=${SECONDS}
@@ -112,6 +147,7 @@ wait_until_ready() {
     fi
     now=$((SECONDS - start))
     if ((now >= READY_TIMEOUT)); then
+      stop_memory_guard
       stop_all_ranks
       die "the API did not answer within READY_TIMEOUT=${READY_TIMEOUT} s; every rank was stopped"
     fi
@@ -119,13 +155,14 @@ wait_until_ready() {
       say "waiting for http://127.0.0.1:${PORT}/v1/models: ${now} s, all ${#NODE_LIST[@]} ranks running"
       last_report=${now}
     fi
-    sleep "${POLL_SECONDS}"
+    guarded_sleep "${POLL_SECONDS}"
   done
 }
 
 # EXIT trap: a run that started ranks and did not reach ready leaves none behind.
 stop_if_half_started() {
   local status=$?
+  stop_memory_guard
   if [[ ${RANKS_STARTED} == 1 && ${CLUSTER_READY} != 1 ]]; then
     printf 'glm53: start-up did not finish; stopping every rank\n' >&2
     stop_all_ranks
@@ -159,6 +196,7 @@ show_ranks() {
     serve_container_argv "${index}"
     show_on_node "${index}" "${CMD[@]}"
   done
+  show_memory_guard
   printf '# wait: poll the API every %s s (up to %s s) while every rank is running; a dead rank stops all\n' \
     "${POLL_SECONDS}" "${READY_TIMEOUT}"
   api_probe_argv

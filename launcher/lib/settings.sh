@@ -4,6 +4,8 @@
 # Values are read literally (never sourced or eval'ed), so JSON, quotes and spaces survive.
 
 readonly CONTAINER_HF_HOME=/root/.cache/huggingface
+# Where a rank sees its node's JIT cache directory (JIT_CACHE/<image id> on the host).
+readonly CONTAINER_JIT_DIR=/var/cache/glm53-jit
 readonly CONTAINER_TOKEN_PATH=/run/secrets/hf_token
 readonly IN_IMAGE_PREPARE_DRAFTER=/opt/glm53-recipe/scripts/prepare-drafter
 readonly CHAIN_IMAGE=glm53-sm121-v11
@@ -11,6 +13,12 @@ readonly FORK_IMAGE=vllm/vllm-openai:glm53-flash-arm64-cu130
 # The verified KV pin and the context it holds with 1-byte fp8 KV (seed PR, measured).
 readonly PIN_BYTES=4445787956
 readonly PIN_CONTEXT=327680
+# Checkpoints whose commit is known: the seed's verified run (REFERENCE.md, "The seed's
+# deployment"). Kept here, not as MODEL_REVISION's default, so that another MODEL never
+# inherits this commit.
+readonly -A KNOWN_MODEL_PINS=(
+  ["LibertAIDAI/GLM-5.3-Flash-NVFP4"]=aa28e1f54130286c95fee10d0705c74ce8743734
+)
 # Both published drafters train blocks of 8 (dflash_config.block_size); k stops one short.
 readonly DRAFT_BLOCK_SIZE=8
 

@@ -1,8 +1,8 @@
 """The published drafters the launcher knows by key (DRAFTER=incoai | dflash2-g).
 
-Revisions are None on purpose: the Hugging Face Hub is not reachable where this was
-written, so no commit hash is known here. The launcher resolves the revision on first
-fetch and pins it; prepare-drafter then reads it from the snapshot path.
+A revision is the commit a verified run used (REFERENCE.md, "The seed's deployment");
+None where no run pinned one, and the launcher then resolves it on first fetch and records
+it. prepare-drafter reads the revision from the snapshot path.
 """
 
 from dataclasses import asdict, dataclass
@@ -25,7 +25,7 @@ DRAFTERS = {
         licence="CC-BY-NC-ND-4.0",
         licence_name="CC BY-NC-ND 4.0",
         non_commercial=True,
-        revision=None,
+        revision="7d74cdd881ed7e32c31175984a67823127b66cfe",
     ),
     "dflash2-g": PublishedDrafter(
         key="dflash2-g",

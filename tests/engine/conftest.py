@@ -17,15 +17,21 @@ from tests.engine import tiny_models
 from tests.engine.engine_env import EngineVenv, engine_venv
 from tests.engine.engine_server import EngineServer
 
+# engines yield the CPU to the bench and the relay that time their streams: on 2 cores a
+# busy engine otherwise delays a reader by tens of ms (measured: up to 35% off per stream
+# over a 0.6 s decode at nice 0, within 0.5% at nice 10 but for one 160 ms stall)
+ENGINE_NICENESS = 19
 # drafts per step of the drafted servers
 K = 4
 TINY_CONTEXT = 4096
 # what every tier server gets: a small context and KV pool, float32 (drafter and verifier
 # agree exactly), eager (torch.compile costs 25-85 s a start here and the launcher test
-# covers it), and room for the bench's 4 streams plus warm-up
+# covers it), room for the bench's 4 streams plus warm-up, and 32-token blocks (the CPU
+# kernel's smallest; the default 128 would leave a receipt's short turns without a full
+# block to serve from the prefix cache)
 TINY_SERVE_ARGS = ["--max-model-len", str(TINY_CONTEXT), "--dtype", "float32",
                    "--enforce-eager", "--kv-cache-memory-bytes", str(256 << 20),
-                   "--max-num-seqs", "8"]
+                   "--max-num-seqs", "8", "--block-size", "32"]
 
 
 @dataclass(frozen=True)
@@ -72,7 +78,9 @@ def draft_model_args(drafter: Path, k: int = K) -> list[str]:
 def server_specs(models: TinyModels) -> dict[str, tuple[Path, list[str], str]]:
     """name -> (model, extra args, served model name)."""
     return {
-        "plain": (models.target, [], "tiny-target"),
+        # the probes' tool calls go through vLLM's hermes parser (our template's tags)
+        "plain": (models.target, ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"],
+                  "tiny-target"),
         "oracle": (models.target, draft_model_args(models.oracle_drafter()), "tiny-target"),
         "blind": (models.target, draft_model_args(models.blind_drafter), "tiny-target"),
         "other": (models.other, [], "tiny-other"),
@@ -80,24 +88,29 @@ def server_specs(models: TinyModels) -> dict[str, tuple[Path, list[str], str]]:
 
 
 class Fleet:
-    """Servers by name, all started together on first use, stopped by `stop_all`."""
+    """Servers by name: those the session's tests ask for start together on first use (a
+    name no test declared starts when asked); `stop_all` stops every one."""
 
     def __init__(self, venv: EngineVenv, models: TinyModels, wanted: set[str], log_dir: Path):
-        specs = server_specs(models)
-        unknown = wanted - set(specs)
-        if unknown:
-            raise ValueError(f"no server spec for {sorted(unknown)}; known: {sorted(specs)}")
-        self.servers = {
-            name: EngineServer(venv, specs[name][0],
-                               [*TINY_SERVE_ARGS, "--served-model-name", specs[name][2],
-                                *specs[name][1]], name=name, log_dir=log_dir)
-            for name in sorted(wanted)}
+        self.venv, self.log_dir = venv, log_dir
+        self.specs = server_specs(models)
+        self.wanted = wanted & set(self.specs)
+        self.servers: dict[str, EngineServer] = {}
         self.ready: set[str] = set()
 
+    def _server(self, name: str) -> EngineServer:
+        if name not in self.servers:
+            model, args, served = self.specs[name]
+            self.servers[name] = EngineServer(
+                self.venv, model, [*TINY_SERVE_ARGS, "--served-model-name", served, *args],
+                name=name, log_dir=self.log_dir, niceness=ENGINE_NICENESS).start()
+        return self.servers[name]
+
     def get(self, name: str) -> EngineServer:
-        if not any(s.process for s in self.servers.values()):
-            for server in self.servers.values():
-                server.start()
+        if name not in self.specs:
+            raise ValueError(f"no server spec {name!r}; known: {sorted(self.specs)}")
+        for other in sorted(self.wanted | {name}):
+            self._server(other)
         server = self.servers[name]
         if name not in self.ready:
             try:
@@ -114,8 +127,15 @@ class Fleet:
 
 
 def pytest_collection_finish(session):
-    wanted = {name.removeprefix("server_") for item in session.items
-              for name in getattr(item, "fixturenames", ()) if name.startswith("server_")}
+    """The servers the collected tests use: fixtures `server_NAME`, and `server` given NAME
+    by indirect parametrisation."""
+    wanted = set()
+    for item in session.items:
+        wanted |= {name.removeprefix("server_") for name in getattr(item, "fixturenames", ())
+                   if name.startswith("server_")}
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and "server" in callspec.params:
+            wanted.add(callspec.params["server"])
     session.config.stash[WANTED] = wanted
 
 
@@ -128,6 +148,12 @@ def fleet(request, engine, models, tmp_path_factory):
     fleet = Fleet(engine, models, wanted, tmp_path_factory.mktemp("engine-logs"))
     yield fleet
     fleet.stop_all()
+
+
+@pytest.fixture
+def server(request, fleet) -> EngineServer:
+    """The server named by indirect parametrisation: parametrize("server", [...], indirect=True)."""
+    return fleet.get(request.param)
 
 
 @pytest.fixture(scope="session")

@@ -65,7 +65,8 @@ class EngineServer:
     def __init__(self, venv: EngineVenv, model: Path | str, args: Sequence[str] = (),
                  env: Mapping[str, str] | None = None, *, name: str = "engine",
                  argv: Sequence[str] | None = None, port: int | None = None,
-                 ready_timeout: float = 900.0, log_dir: Path | None = None):
+                 ready_timeout: float = 900.0, log_dir: Path | None = None,
+                 niceness: int = 0):
         self.venv, self.model, self.name = venv, str(model), name
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -75,6 +76,7 @@ class EngineServer:
         self.env = {**os.environ, **base_env(venv), **(env or {})}
         self.env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # it would override --kv-cache-memory-bytes
         self.ready_timeout = ready_timeout
+        self.niceness = niceness
         self.log_path = (log_dir or venv.compile_cache().parent) / f"engine-{name}-{self.port}.log"
         self.process: subprocess.Popen | None = None
         self.started_at: float | None = None
@@ -91,10 +93,14 @@ class EngineServer:
         # own session: the whole tree (API server, engine core, workers) is one group
         self.process = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, env=self.env,
-                                        start_new_session=True)
+                                        start_new_session=True, preexec_fn=self._lower_priority)
         log.close()
         progress(f"engine {self.name}: starting on {self.url} (log {self.log_path})")
         return self
+
+    def _lower_priority(self) -> None:
+        if self.niceness:
+            os.nice(self.niceness)
 
     def wait_ready(self) -> EngineServer:
         assert self.process is not None and self.started_at is not None, "start() first"

@@ -272,21 +272,24 @@ def blind_drafter_dir(token_ids: tuple[int, ...]) -> Path:
     return _model("blind-drafter", TARGET_SEED, tuple(sorted(token_ids)))
 
 
-def expected_acceptance(output_ids: list[int], blind_to: set[int], k: int) -> list[int]:
-    """Accepted drafts per position for one greedy request whose output (after the
-    prefill's token) is output_ids, drafted k at a time by a drafter blind to blind_to:
-    each step accepts the run of upcoming tokens outside blind_to (at most k), then the
-    verifier adds one token of its own."""
-    per_position = [0] * k
-    position = 1  # the prefill step made output_ids[0]
-    while position < len(output_ids):
+def expected_acceptance(output_ids: list[int], blind_to: set[int] | frozenset[int], k: int,
+                        max_tokens: int) -> tuple[int, list[int]]:
+    """(drafts, accepted per position) of one greedy request of max_tokens drafted k at a
+    time by a drafter blind to blind_to, given the target's greedy output ids (at least
+    max_tokens + k of them: the last step drafts past the end). After the prefill's token,
+    each step drafts k, accepts the run of upcoming tokens outside blind_to (at most k), and
+    the verifier adds one token of its own; steps go on until max_tokens are made."""
+    if len(output_ids) < max_tokens + k:
+        raise ValueError(f"need {max_tokens + k} output ids, got {len(output_ids)}")
+    drafts, per_position, made = 0, [0] * k, 1
+    while made < max_tokens:
+        drafts += 1
         accepted = 0
-        while accepted < k and position + accepted < len(output_ids) \
-                and output_ids[position + accepted] not in blind_to:
+        while accepted < k and output_ids[made + accepted] not in blind_to:
             per_position[accepted] += 1
             accepted += 1
-        position += accepted + 1
-    return per_position
+        made += accepted + 1
+    return drafts, per_position
 
 
 if __name__ == "__main__":

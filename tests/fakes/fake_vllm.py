@@ -60,6 +60,34 @@ beside it (the command-line option wins).
                                                       "last_chunk_monotonic", "decode_tokens"}
   --startup-seconds S     FAKE_VLLM_STARTUP_SECONDS  wait before listening (boot time); default 0
 
+Answer mode (the truth bench/probes.py is tested against; the http400, http500 and, on a
+streamed request, truncate faults still apply):
+
+  --answer-probes         FAKE_VLLM_ANSWER_PROBES=1  answer as an obedient model instead of
+                                                      pseudo-random tokens: "count from A to B"
+                                                      counts, "passcode is X" in the prompt is
+                                                      recalled when the last line asks for the
+                                                      passcode, an offered get_weather tool is
+                                                      called for a weather question, a tool
+                                                      result is used in the next turn
+  --answer-faults LIST    FAKE_VLLM_ANSWER_FAULTS    kinds to plant, from ANSWER_FAULTS below
+  --count-skip LIST       FAKE_VLLM_COUNT_SKIP       numbers left out when counting
+  --count-stop N          FAKE_VLLM_COUNT_STOP       the last number written when counting
+  --reasoning-field F     FAKE_VLLM_REASONING_FIELD  reasoning (vLLM 0.27.1-0.33.0, default) or
+                                                      reasoning_content (DeepSeek API, old vLLM)
+  --empty-tool-calls S    FAKE_VLLM_EMPTY_TOOL_CALLS without a tool call, tool_calls is absent
+                                                      (vLLM 0.30.0, default), null or []
+  --prefill-tok-s R       FAKE_VLLM_PREFILL_TOK_S    first token at ttft + prompt tokens / R
+                                                      (prompt tokens = JSON of the messages / 4)
+
+Launcher options (for run.sh's memory guard and scripts/doctor):
+  --max-model-len N       (vLLM's flag)              the max_model_len /v1/models reports;
+                                                      default 327680
+  --boot-log              FAKE_VLLM_BOOT_LOG=1       print vLLM 0.30.0's boot-phase lines to
+                                                      stderr, spread over --startup-seconds
+                                                      ("Model loading took" at 1/3, "GPU KV
+                                                      cache size" at 2/3; headless ranks too)
+
 Truth it follows: a chat request arriving at t0 gets its first chunk (with
 --first-chunk-tokens tokens) at t0 + ttft, and chunk j >= 1 at exactly t0 + ttft + j * step
 (absolute deadlines, so lateness never accumulates), carrying 1 + accepted tokens (accepted
@@ -80,6 +108,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -167,7 +196,36 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--request-log", default=env("FAKE_VLLM_REQUEST_LOG", ""))
     parser.add_argument("--startup-seconds", type=float,
                         default=float(env("FAKE_VLLM_STARTUP_SECONDS", "0")))
+    add_answer_options(parser)
+    add_launcher_options(parser)
     return parser
+
+
+def add_launcher_options(parser: argparse.ArgumentParser) -> None:
+    """What run.sh's memory guard and scripts/doctor read from a rank: kept apart from the
+    bench and probe options above."""
+    parser.add_argument("--max-model-len", type=int, default=327680)
+    parser.add_argument("--boot-log", action="store_true",
+                        default=_env_flag("FAKE_VLLM_BOOT_LOG"))
+
+
+# vLLM 0.30.0's own lines that end a boot phase (gpu_model_runner.py, kv_cache_utils.py).
+BOOT_LOG_LINES = (
+    "INFO [gpu_model_runner.py:5417] Model loading took 1.50 GiB memory and 1.000000 seconds",
+    "INFO [kv_cache_utils.py:2396] GPU KV cache size: 400,497 tokens, Maximum concurrency for "
+    "327,680 tokens per request: 1.22x",
+)
+
+
+async def boot_log(startup_s: float, stop: asyncio.Event) -> bool:
+    """Prints the boot-phase lines spread over the start-up; False when stopped meanwhile."""
+    for line in BOOT_LOG_LINES:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), startup_s / (len(BOOT_LOG_LINES) + 1))
+        if stop.is_set():
+            return False
+        print(line, file=sys.stderr, flush=True)
+    return True
 
 
 @dataclass
@@ -195,6 +253,8 @@ class Program:
     diverge_when: str
     version: str
     request_log: str
+    answers: AnswerProgram | None = None
+    max_model_len: int = 327680
 
 
 def program_from_args(args: argparse.Namespace) -> Program:
@@ -242,6 +302,8 @@ def program_from_args(args: argparse.Namespace) -> Program:
         diverge_when=args.diverge_when,
         version=args.version_string,
         request_log=args.request_log,
+        answers=answer_program_from_args(args),
+        max_model_len=args.max_model_len,
     )
 
 
@@ -492,6 +554,8 @@ class ChatHandler:
         if fault == "http500":
             writer.write(_error(500, "fake: injected server error", "InternalServerError"))
             return True
+        if program.answers is not None:
+            return await answer_request(state, body, t0, writer)
         max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
         state.in_flight += 1
         try:
@@ -617,6 +681,247 @@ def _prompt_tokens(body: dict) -> int:
     return max(1, len(text) // 4)
 
 
+# ----------------------------------------------------------------------------- obedient answers
+# The probes' truth (bench/probes.py): with --answer-probes the fake answers as a model that
+# obeys would, and each planted answer fault breaks one thing a probe must catch.
+
+ANSWER_FAULTS = (
+    "needle_missing",      # the passcode planted in the prompt is not recalled
+    "tool_as_text",        # the tool call comes back as text in content, not in tool_calls
+    "tool_none",           # no tool call at all, a plain answer instead
+    "tool_bad_arguments",  # tool_calls[0].function.arguments is not JSON
+    "tool_wrong_name",     # the call names a function the request did not offer
+    "think_in_content",    # every text answer starts with a <think>...</think> block
+    "reasoning_leak",      # every text answer carries text in the reasoning field
+    "tool_result_ignored", # the turn after a tool result does not use it
+    "tool_again",          # the turn after a tool result calls the tool again
+    "not_json",            # HTTP 200 with an HTML body (a proxy's error page)
+)
+REASONING_FIELDS = ("reasoning", "reasoning_content")
+EMPTY_TOOL_CALLS = ("absent", "null", "list")
+LEAKED_THOUGHT = "Let me think about this step by step."
+
+
+@dataclass
+class AnswerProgram:
+    faults: set[str]
+    count_skip: set[int]
+    count_stop: int | None
+    reasoning_field: str
+    empty_tool_calls: str
+    prefill_tok_s: float
+
+
+def add_answer_options(parser: argparse.ArgumentParser) -> None:
+    env = os.environ.get
+    parser.add_argument("--answer-probes", action="store_true",
+                        default=_env_flag("FAKE_VLLM_ANSWER_PROBES"))
+    parser.add_argument("--answer-faults", default=env("FAKE_VLLM_ANSWER_FAULTS", ""))
+    parser.add_argument("--count-skip", default=env("FAKE_VLLM_COUNT_SKIP", ""))
+    parser.add_argument("--count-stop", type=int,
+                        default=int(env("FAKE_VLLM_COUNT_STOP", "0")) or None)
+    parser.add_argument("--reasoning-field", choices=REASONING_FIELDS,
+                        default=env("FAKE_VLLM_REASONING_FIELD", "reasoning"))
+    parser.add_argument("--empty-tool-calls", choices=EMPTY_TOOL_CALLS,
+                        default=env("FAKE_VLLM_EMPTY_TOOL_CALLS", "absent"))
+    parser.add_argument("--prefill-tok-s", type=float,
+                        default=float(env("FAKE_VLLM_PREFILL_TOK_S", "0")))
+
+
+def answer_program_from_args(args: argparse.Namespace) -> AnswerProgram | None:
+    if not args.answer_probes:
+        return None
+    faults = {part.strip() for part in args.answer_faults.split(",") if part.strip()}
+    unknown = faults - set(ANSWER_FAULTS)
+    if unknown:
+        raise SystemExit(f"fake_vllm: --answer-faults {', '.join(sorted(unknown))} unknown; "
+                         f"use some of {', '.join(ANSWER_FAULTS)}")
+    if args.prefill_tok_s < 0:
+        raise SystemExit("fake_vllm: --prefill-tok-s must be >= 0")
+    return AnswerProgram(faults=faults, count_skip=set(_int_list(args.count_skip, "--count-skip")),
+                         count_stop=args.count_stop, reasoning_field=args.reasoning_field,
+                         empty_tool_calls=args.empty_tool_calls,
+                         prefill_tok_s=args.prefill_tok_s)
+
+
+@dataclass
+class Reply:
+    content: str | None
+    reasoning: str | None = None
+    tool_calls: list[dict] = field(default_factory=list)
+    finish_reason: str = "stop"
+
+
+def _text_of(message: dict) -> str:
+    content = message.get("content")
+    if isinstance(content, list):  # OpenAI content parts
+        return " ".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return content if isinstance(content, str) else ""
+
+
+def _tool_call(name: str, arguments: str) -> dict:
+    return {"id": "chatcmpl-tool-" + hashlib.sha256(arguments.encode()).hexdigest()[:16],
+            "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _count_reply(answers: AnswerProgram, first: int, last: int) -> Reply:
+    last = min(last, answers.count_stop) if answers.count_stop else last
+    numbers = [str(n) for n in range(first, last + 1) if n not in answers.count_skip]
+    return Reply("\n".join(numbers))
+
+
+def _weather_call(answers: AnswerProgram, question: str) -> Reply:
+    found = re.search(r"\bin ([A-Z]\w*(?: [A-Z]\w*)*)", question)
+    location = found.group(1) if found else "unknown"
+    if "tool_as_text" in answers.faults:
+        return Reply(f"<tool_call>get_weather\n<arg_key>location</arg_key>\n"
+                     f"<arg_value>{location}</arg_value>\n</tool_call>")
+    if "tool_none" in answers.faults:
+        return Reply("I cannot look up the weather.")
+    name = "get_time" if "tool_wrong_name" in answers.faults else "get_weather"
+    arguments = ("{location: " + location if "tool_bad_arguments" in answers.faults
+                 else json.dumps({"location": location}))
+    return Reply(None, tool_calls=[_tool_call(name, arguments)], finish_reason="tool_calls")
+
+
+def _tool_result_reply(answers: AnswerProgram, messages: list) -> Reply:
+    """The turn after a tool result; a malformed conversation is refused as vLLM would."""
+    called = {call.get("id") for m in messages if m.get("role") == "assistant"
+              for call in (m.get("tool_calls") or []) if isinstance(call, dict)}
+    result = messages[-1]
+    if result.get("tool_call_id") not in called:
+        raise ValueError(f"tool message tool_call_id {result.get('tool_call_id')!r} matches no "
+                         f"assistant tool_calls id {sorted(map(str, called))}")
+    if "tool_again" in answers.faults:
+        return Reply(None, tool_calls=[_tool_call("get_weather", '{"location": "Paris"}')],
+                     finish_reason="tool_calls")
+    if "tool_result_ignored" in answers.faults:
+        return Reply("I do not know the weather there.")
+    try:
+        weather = json.loads(_text_of(result))
+        return Reply(f"It is {weather['temperature_c']} degrees C with {weather['condition']} "
+                     f"in {weather['location']}.")
+    except (ValueError, KeyError, TypeError):
+        return Reply(f"The tool said: {_text_of(result)}")
+
+
+def obedient_reply(answers: AnswerProgram, messages: list, tools: object) -> Reply:
+    """What an obedient model says to these messages, faults applied."""
+    last = messages[-1] if isinstance(messages[-1], dict) else {}
+    if last.get("role") == "tool":
+        return _tool_result_reply(answers, messages)
+    question = _text_of(last)
+    offered = {t.get("function", {}).get("name") for t in tools
+               if isinstance(t, dict)} if isinstance(tools, list) else set()
+    if "get_weather" in offered and "weather" in question.lower():
+        return _weather_call(answers, question)
+    counting = re.search(r"count from (\d+) to (\d+)", question, re.IGNORECASE)
+    needle = re.search(r"passcode is ([A-Za-z0-9-]+)", " ".join(_text_of(m) for m in messages
+                                                               if isinstance(m, dict)))
+    if counting:
+        reply = _count_reply(answers, int(counting.group(1)), int(counting.group(2)))
+    elif needle and "passcode" in question.lower().rsplit("\n", 1)[-1]:
+        reply = Reply("I found no passcode in the document." if "needle_missing" in answers.faults
+                      else f"The passcode is {needle.group(1)}.")
+    else:
+        reply = Reply("Twelve times twelve is 144.")
+    if "think_in_content" in answers.faults:
+        reply.content = f"<think>{LEAKED_THOUGHT}</think>{reply.content}"
+    if "reasoning_leak" in answers.faults:
+        reply.reasoning = LEAKED_THOUGHT
+    return reply
+
+
+def _pieces(text: str | None) -> list[str]:
+    """One 'token' per word with its leading whitespace: what each chunk carries."""
+    return re.findall(r"\s*\S+", text or "")
+
+
+def _answer_message(answers: AnswerProgram, reply: Reply) -> dict:
+    message: dict = {"role": "assistant", "content": reply.content,
+                     answers.reasoning_field: reply.reasoning}
+    if reply.tool_calls:
+        message["tool_calls"] = reply.tool_calls
+    elif answers.empty_tool_calls != "absent":
+        message["tool_calls"] = None if answers.empty_tool_calls == "null" else []
+    return message
+
+
+def _answer_usage(prompt_tokens: int, reply: Reply, completion: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion,
+            "completion_tokens": completion,
+            "completion_tokens_details": {"reasoning_tokens": len(_pieces(reply.reasoning))}}
+
+
+async def answer_request(state: FakeState, body: dict, t0: float,
+                         writer: asyncio.StreamWriter) -> bool:
+    """Serve one chat request in answer mode, whole or streamed, on the programmed clock: the
+    first token at t0 + ttft (+ prompt tokens / --prefill-tok-s), one word per step after."""
+    program, answers = state.program, state.program.answers
+    if "not_json" in answers.faults:
+        writer.write(_response(200, b"<html><body>502 Bad Gateway</body></html>", "text/html"))
+        return True
+    try:
+        reply = obedient_reply(answers, body["messages"], body.get("tools"))
+    except ValueError as exc:
+        writer.write(_error(400, f"fake: {exc}", "BadRequestError"))
+        return True
+    prompt_tokens = _prompt_tokens(body)
+    first_at = t0 + program.ttft_s + (prompt_tokens / answers.prefill_tok_s
+                                      if answers.prefill_tok_s else 0.0)
+    reasoning, content = _pieces(reply.reasoning), _pieces(reply.content)
+    completion = len(reasoning) + len(content) + len(reply.tool_calls)
+    loop = asyncio.get_running_loop()
+    state.in_flight += 1
+    try:
+        if not body.get("stream"):
+            await asyncio.sleep(max(0.0, first_at + max(completion - 1, 0) * program.step_s
+                                    - loop.time()))
+            writer.write(_json_response(200, {
+                "id": f"chatcmpl-fake{state.arrivals}", "object": "chat.completion",
+                "created": int(time.time()), "model": program.served_name,
+                "choices": [{"index": 0, "message": _answer_message(answers, reply),
+                             "logprobs": None, "finish_reason": reply.finish_reason,
+                             "stop_reason": None}],
+                "usage": _answer_usage(prompt_tokens, reply, completion)}))
+            return True
+        head = {"id": f"chatcmpl-fake{state.arrivals}", "object": "chat.completion.chunk",
+                "created": int(time.time()), "model": program.served_name}
+        options = body.get("stream_options") or {}
+        continuous = bool(options.get("include_usage") and options.get("continuous_usage_stats")
+                          and program.continuous_usage)
+        deltas = ([{answers.reasoning_field: p} for p in reasoning]
+                  + [{"content": p} for p in content]
+                  + [{"tool_calls": [dict(call, index=i)]}
+                     for i, call in enumerate(reply.tool_calls)])
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                     b"transfer-encoding: chunked\r\n\r\n")
+        events = [dict(head, choices=[{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                       "logprobs": None, "finish_reason": None}])]
+        cut_at = len(deltas) // 2 if program.faults.get(state.arrivals) == "truncate" else None
+        for index, delta in enumerate(deltas):
+            await asyncio.sleep(max(0.0, first_at + index * program.step_s - loop.time()))
+            if index == cut_at:
+                return False   # the connection closes mid-stream
+            last = index == len(deltas) - 1
+            event = dict(head, choices=[{"index": 0, "delta": delta, "logprobs": None,
+                                         "finish_reason": reply.finish_reason if last else None}])
+            if continuous:
+                event["usage"] = _answer_usage(prompt_tokens, reply, index + 1)
+            events.append(event)
+            writer.write(b"".join(_chunk(f"data: {json.dumps(e)}\n\n") for e in events))
+            events = []
+            await writer.drain()
+        tail = b"".join(_chunk(f"data: {json.dumps(e)}\n\n") for e in events)  # no deltas
+        if options.get("include_usage"):
+            usage = dict(head, choices=[], usage=_answer_usage(prompt_tokens, reply, completion))
+            tail += _chunk(f"data: {json.dumps(usage)}\n\n")
+        writer.write(tail + _chunk("data: [DONE]\n\n") + b"0\r\n\r\n")
+        return True
+    finally:
+        state.finish()
+
+
 class FakeServer:
     def __init__(self, program: Program):
         self.state = FakeState(program)
@@ -649,7 +954,7 @@ class FakeServer:
             writer.write(_json_response(200, {"object": "list", "data": [{
                 "id": name, "object": "model", "created": self.state.created,
                 "owned_by": "vllm", "root": program.model, "parent": None,
-                "max_model_len": 327680} for name in program.served_names]}))
+                "max_model_len": program.max_model_len} for name in program.served_names]}))
         elif method == "GET" and path == "/metrics":
             writer.write(_response(200, self.state.metrics_text().encode(),
                                    "text/plain; version=0.0.4; charset=utf-8"))
@@ -670,11 +975,17 @@ async def _serve(args: argparse.Namespace, program: Program) -> int:
         loop.add_signal_handler(sig, stop.set)
     if args.headless:
         print(f"fake-vllm headless rank for {program.model}", file=sys.stderr, flush=True)
+        if args.boot_log:
+            await boot_log(args.startup_seconds, stop)
         await stop.wait()
         return 0
-    if args.startup_seconds > 0:
+    began = loop.time()
+    if args.boot_log and not await boot_log(args.startup_seconds, stop):
+        return 0
+    remaining = args.startup_seconds - (loop.time() - began)
+    if remaining > 0:
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(stop.wait(), args.startup_seconds)
+            await asyncio.wait_for(stop.wait(), remaining)
         if stop.is_set():
             return 0
     fake = FakeServer(program)

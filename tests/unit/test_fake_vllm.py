@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -78,6 +79,22 @@ def test_headless_rank_serves_nothing_and_stops_cleanly_on_sigterm():
     process.stderr.close()
 
 
+def test_launcher_options_report_max_model_len_and_log_the_boot_phases():
+    with fake_vllm.spawn("--max-model-len", "200000") as fake:
+        assert json.loads(_get(fake.url + "/v1/models")[1])["data"][0]["max_model_len"] == 200000
+    process = subprocess.Popen([sys.executable, str(FAKE), "serve", "m", "--port", "0",
+                                "--boot-log", "--startup-seconds", "0.6"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    began = time.monotonic()
+    assert process.stdout.readline().startswith("fake-vllm listening on ")
+    assert time.monotonic() - began >= 0.5
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=10)
+    lines = stderr.splitlines()
+    assert "Model loading took" in lines[0] and "GPU KV cache size: " in lines[1]
+    assert lines[2] == "INFO: Application startup complete."
+
+
 def test_environment_programs_the_fake_and_counters_can_drop_total():
     env = {"FAKE_VLLM_NUM_SPEC_TOKENS": "2", "FAKE_VLLM_ACCEPT_PATTERN": "1",
            "FAKE_VLLM_METRICS_WITHOUT_TOTAL": "1", "FAKE_VLLM_START_TIME": "1234.5"}
@@ -116,3 +133,29 @@ def test_stream_follows_the_programmed_schedule_on_absolute_deadlines():
     # 1 token, then steps of 4 and 1 tokens: 40 steps carry the other 100
     assert len(times) == 41 and usages[:4] == [1, 5, 6, 10]
     assert times[-1] - times[0] == pytest.approx(0.40, abs=0.004)
+
+
+def test_answer_mode_refuses_a_tool_result_for_a_call_never_made():
+    """The probes' second turn is checked as a real server would: a tool message must answer
+    an assistant tool call by its id."""
+    messages = [{"role": "user", "content": "weather in Paris?"},
+                {"role": "assistant", "content": "",
+                 "tool_calls": [{"id": "call_1", "type": "function",
+                                 "function": {"name": "get_weather", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "call_2", "content": "{}"}]
+    with fake_vllm.spawn("--answer-probes") as fake:
+        with pytest.raises(urllib.error.HTTPError) as error:
+            _post(fake.url, {"messages": messages})
+        assert error.value.code == 400
+        assert "tool_call_id 'call_2' matches no assistant tool_calls id" in error.value.read(
+            ).decode()
+        messages[2]["tool_call_id"] = "call_1"
+        answer = json.loads(_post(fake.url, {"messages": messages}))
+    assert answer["choices"][0]["message"]["content"].startswith("The tool said: {}")
+
+
+def test_answer_mode_refuses_an_unknown_fault():
+    result = subprocess.run([sys.executable, str(FAKE), "serve", "m", "--port", "0",
+                             "--answer-probes", "--answer-faults", "needle_missing,vibes"],
+                            check=False, capture_output=True, text=True, timeout=20)
+    assert result.returncode != 0 and "--answer-faults vibes unknown" in result.stderr

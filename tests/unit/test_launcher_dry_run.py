@@ -4,6 +4,7 @@ import json
 import os
 import shlex
 import stat
+import subprocess
 
 import pytest
 
@@ -15,6 +16,7 @@ from tests.unit.test_launcher_support import (
     NODES,
     REPO,
     dry_run,
+    launcher_env,
     node_commands,
     run,
     sealed_bin,
@@ -24,8 +26,9 @@ from tests.unit.test_launcher_support import (
 )
 
 # The whole DRY_RUN of `NODES="192.0.2.1 192.0.2.2" IFACE=ifx0 HCA=hca0 DRY_RUN=1 ./run.sh`
-# on a fresh clone (nothing pinned yet), reviewed line by line.
-DEFAULTS_DRY_RUN = r"""# glm53: model nvidia/GLM-5.3-Flash-FP4-Local@<resolved-at-run>, drafter incoai/GLM-5.3-Flash-DFlash2 (CC BY-NC-ND 4.0, non-commercial), 5 sliding layers, window 2048, revision <resolved-at-run>, k=5, context 327680, 4 seqs, CUDA graphs (capture 1,2,4,6,12,18,24), KV pin 4445787956 bytes (4.14 GiB fp8_e4m3), image glm53-sm121-v11, nodes 192.0.2.1 192.0.2.2 (TP=2)
+# on a fresh clone, reviewed line by line. The model and the drafter are pinned already
+# (the seed's commits), so nothing is resolved.
+DEFAULTS_DRY_RUN = r"""# glm53: model LibertAIDAI/GLM-5.3-Flash-NVFP4@aa28e1f54130286c95fee10d0705c74ce8743734, drafter incoai/GLM-5.3-Flash-DFlash2 (CC BY-NC-ND 4.0, non-commercial), 5 sliding layers, window 2048, revision 7d74cdd881ed7e32c31175984a67823127b66cfe, k=5, context 327680, 4 seqs, CUDA graphs (capture 1,2,4,6,12,18,24), KV pin 4445787956 bytes (4.14 GiB fp8_e4m3), image glm53-sm121-v11, nodes 192.0.2.1 192.0.2.2 (TP=2)
 # refuse if a glm53.launcher=serve container is running on any node; then remove exited ones
 docker ps --filter label=glm53.launcher=serve --format '{{.Names}}'
 ssh -o BatchMode=yes 192.0.2.2 'docker ps --filter label=glm53.launcher=serve --format '\''{{.Names}}'\'''
@@ -44,55 +47,86 @@ docker image inspect --format '{{.Id}}' glm53-sm121-v8
 ssh -o BatchMode=yes 192.0.2.2 'docker image inspect --format '\''{{.Id}}'\'' glm53-sm121-v11'
 # only when glm53-sm121-v11 is missing on 192.0.2.2:
 docker save glm53-sm121-v11 | python3 {repo}/launcher/count_bytes.py 'glm53-sm121-v11 to 192.0.2.2' '<image-bytes>' | ssh -o BatchMode=yes 192.0.2.2 'docker load'
-# only once: resolve nvidia/GLM-5.3-Flash-FP4-Local to a commit on the head and record it in {pins}
-docker run --rm --label glm53.launcher=tool --network host --mount type=bind,src=/home/user/.cache/huggingface,dst=/root/.cache/huggingface --env HF_HOME=/root/.cache/huggingface --entrypoint python3 glm53-sm121-v11 -c 'import sys; from huggingface_hub import HfApi; print(HfApi().model_info(sys.argv[1]).sha)' nvidia/GLM-5.3-Flash-FP4-Local
-# only once: resolve incoai/GLM-5.3-Flash-DFlash2 to a commit on the head and record it in {pins}
-docker run --rm --label glm53.launcher=tool --network host --mount type=bind,src=/home/user/.cache/huggingface,dst=/root/.cache/huggingface --env HF_HOME=/root/.cache/huggingface --entrypoint python3 glm53-sm121-v11 -c 'import sys; from huggingface_hub import HfApi; print(HfApi().model_info(sys.argv[1]).sha)' incoai/GLM-5.3-Flash-DFlash2
-# drafter: fetch it at its pin and derive /root/.cache/huggingface/glm53-drafters/incoai-<resolved-at-run> on every node
-docker run --rm --label glm53.launcher=tool --network host --mount type=bind,src=/home/user/.cache/huggingface,dst=/root/.cache/huggingface --env HF_HOME=/root/.cache/huggingface --entrypoint python3 glm53-sm121-v11 -c 'import sys; from huggingface_hub import snapshot_download; print(snapshot_download(sys.argv[1], revision=sys.argv[2]))' incoai/GLM-5.3-Flash-DFlash2 '<resolved-at-run>'
-docker run --rm --label glm53.launcher=tool --network none --mount type=bind,src=/home/user/.cache/huggingface,dst=/root/.cache/huggingface --env HF_HOME=/root/.cache/huggingface --entrypoint python3 glm53-sm121-v11 /opt/glm53-recipe/scripts/prepare-drafter '/root/.cache/huggingface/hub/models--incoai--GLM-5.3-Flash-DFlash2/snapshots/<resolved-at-run>' --out '/root/.cache/huggingface/glm53-drafters/incoai-<resolved-at-run>' --window 2048 --json
-ssh -o BatchMode=yes 192.0.2.2 'docker run --rm --label glm53.launcher=tool --network host --mount type=bind,src=/home/user/.cache/huggingface,dst=/root/.cache/huggingface --env HF_HOME=/root/.cache/huggingface --entrypoint python3 glm53-sm121-v11 -c '\''import sys; from huggingface_hub import snapshot_download; print(snapshot_download(sys.argv[1], revision=sys.argv[2]))'\'' incoai/GLM-5.3-Flash-DFlash2 '\''<resolved-at-run>'\'''
-ssh -o BatchMode=yes 192.0.2.2 'docker run --rm --label glm53.launcher=tool --network none --mount type=bind,src=/home/user/.cache/huggingface,dst=/root/.cache/huggingface --env HF_HOME=/root/.cache/huggingface --entrypoint python3 glm53-sm121-v11 /opt/glm53-recipe/scripts/prepare-drafter '\''/root/.cache/huggingface/hub/models--incoai--GLM-5.3-Flash-DFlash2/snapshots/<resolved-at-run>'\'' --out '\''/root/.cache/huggingface/glm53-drafters/incoai-<resolved-at-run>'\'' --window 2048 --json'
+# every node: the JIT cache directory of this image (JIT_CACHE/<image ID>, kept by stop.sh)
+mkdir -p '/home/user/.cache/glm53-jit/<image-id>'
+ssh -o BatchMode=yes 192.0.2.2 'mkdir -p '\''/home/user/.cache/glm53-jit/<image-id>'\'''
+# drafter: fetch it at its pin and derive /root/.cache/huggingface/glm53-drafters/incoai-7d74cdd881ed7e32c31175984a67823127b66cfe on every node
+docker run --rm --label glm53.launcher=tool --network host --mount type=bind,src=/home/user/.cache/huggingface,dst=/root/.cache/huggingface --env HF_HOME=/root/.cache/huggingface --entrypoint python3 glm53-sm121-v11 -c 'import sys; from huggingface_hub import snapshot_download; print(snapshot_download(sys.argv[1], revision=sys.argv[2]))' incoai/GLM-5.3-Flash-DFlash2 7d74cdd881ed7e32c31175984a67823127b66cfe
+docker run --rm --label glm53.launcher=tool --network none --mount type=bind,src=/home/user/.cache/huggingface,dst=/root/.cache/huggingface --env HF_HOME=/root/.cache/huggingface --entrypoint python3 glm53-sm121-v11 /opt/glm53-recipe/scripts/prepare-drafter /root/.cache/huggingface/hub/models--incoai--GLM-5.3-Flash-DFlash2/snapshots/7d74cdd881ed7e32c31175984a67823127b66cfe --out /root/.cache/huggingface/glm53-drafters/incoai-7d74cdd881ed7e32c31175984a67823127b66cfe --window 2048 --json
+ssh -o BatchMode=yes 192.0.2.2 'docker run --rm --label glm53.launcher=tool --network host --mount type=bind,src=/home/user/.cache/huggingface,dst=/root/.cache/huggingface --env HF_HOME=/root/.cache/huggingface --entrypoint python3 glm53-sm121-v11 -c '\''import sys; from huggingface_hub import snapshot_download; print(snapshot_download(sys.argv[1], revision=sys.argv[2]))'\'' incoai/GLM-5.3-Flash-DFlash2 7d74cdd881ed7e32c31175984a67823127b66cfe'
+ssh -o BatchMode=yes 192.0.2.2 'docker run --rm --label glm53.launcher=tool --network none --mount type=bind,src=/home/user/.cache/huggingface,dst=/root/.cache/huggingface --env HF_HOME=/root/.cache/huggingface --entrypoint python3 glm53-sm121-v11 /opt/glm53-recipe/scripts/prepare-drafter /root/.cache/huggingface/hub/models--incoai--GLM-5.3-Flash-DFlash2/snapshots/7d74cdd881ed7e32c31175984a67823127b66cfe --out /root/.cache/huggingface/glm53-drafters/incoai-7d74cdd881ed7e32c31175984a67823127b66cfe --window 2048 --json'
 # start one rank per node, head first
-docker run --detach --name glm53-rank0 --label glm53.launcher=serve --label glm53.rank=0 --network host --ipc host --gpus all --device /dev/infiniband --ulimit memlock=-1 --ulimit stack=67108864 --mount type=bind,src=/home/user/.cache/huggingface,dst=/root/.cache/huggingface --env HF_HOME=/root/.cache/huggingface --env NCCL_SOCKET_IFNAME=ifx0 --env GLOO_SOCKET_IFNAME=ifx0 --env NCCL_IB_HCA=hca0 --entrypoint vllm glm53-sm121-v11 serve nvidia/GLM-5.3-Flash-FP4-Local --revision '<resolved-at-run>' --port 8000 --tensor-parallel-size 2 --max-model-len 327680 --max-num-seqs 4 --kv-cache-dtype fp8_e4m3 --kv-cache-memory-bytes 4445787956 --speculative-config '{"method":"dflash","model":"/root/.cache/huggingface/glm53-drafters/incoai-<resolved-at-run>","num_speculative_tokens":5}' --compilation-config '{"cudagraph_capture_sizes":[1,2,4,6,12,18,24]}' --nnodes 2 --node-rank 0 --master-addr 192.0.2.1 --master-port 29501 --distributed-executor-backend mp
-ssh -o BatchMode=yes 192.0.2.2 'docker run --detach --name glm53-rank1 --label glm53.launcher=serve --label glm53.rank=1 --network host --ipc host --gpus all --device /dev/infiniband --ulimit memlock=-1 --ulimit stack=67108864 --mount type=bind,src=/home/user/.cache/huggingface,dst=/root/.cache/huggingface --env HF_HOME=/root/.cache/huggingface --env NCCL_SOCKET_IFNAME=ifx0 --env GLOO_SOCKET_IFNAME=ifx0 --env NCCL_IB_HCA=hca0 --entrypoint vllm glm53-sm121-v11 serve nvidia/GLM-5.3-Flash-FP4-Local --revision '\''<resolved-at-run>'\'' --tensor-parallel-size 2 --max-model-len 327680 --max-num-seqs 4 --kv-cache-dtype fp8_e4m3 --kv-cache-memory-bytes 4445787956 --speculative-config '\''{"method":"dflash","model":"/root/.cache/huggingface/glm53-drafters/incoai-<resolved-at-run>","num_speculative_tokens":5}'\'' --compilation-config '\''{"cudagraph_capture_sizes":[1,2,4,6,12,18,24]}'\'' --nnodes 2 --node-rank 1 --master-addr 192.0.2.1 --master-port 29501 --distributed-executor-backend mp --headless'
+docker run --detach --name glm53-rank0 --label glm53.launcher=serve --label glm53.rank=0 --network host --ipc host --shm-size 32g --cap-add IPC_LOCK --restart no --gpus all --device /dev/infiniband --ulimit memlock=-1:-1 --mount type=bind,src=/home/user/.cache/huggingface,dst=/root/.cache/huggingface --env HF_HOME=/root/.cache/huggingface --env TORCH_CUDA_ARCH_LIST=12.1a --env FLASHINFER_CUDA_ARCH_LIST=12.1a --env FLASHINFER_DISABLE_VERSION_CHECK=1 --env VLLM_ENGINE_READY_TIMEOUT_S=3600 --env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True --mount 'type=bind,src=/home/user/.cache/glm53-jit/<image-id>,dst=/var/cache/glm53-jit' --env VLLM_CACHE_ROOT=/var/cache/glm53-jit/vllm --env FLASHINFER_WORKSPACE_BASE=/var/cache/glm53-jit/flashinfer --env DG_JIT_CACHE_DIR=/var/cache/glm53-jit/deep_gemm --env TRITON_CACHE_DIR=/var/cache/glm53-jit/triton --env TILELANG_CACHE_DIR=/var/cache/glm53-jit/tilelang --env TORCHINDUCTOR_CACHE_DIR=/var/cache/glm53-jit/inductor --env CUDA_CACHE_PATH=/var/cache/glm53-jit/cuda --env VLLM_HOST_IP=192.0.2.1 --env NCCL_SOCKET_IFNAME=ifx0 --env GLOO_SOCKET_IFNAME=ifx0 --env TP_SOCKET_IFNAME=ifx0 --env NCCL_IB_HCA=hca0 --env NCCL_NET=IB --env NCCL_IB_DISABLE=0 --env NCCL_CROSS_NIC=1 --env NCCL_NVLS_ENABLE=0 --env NCCL_CUMEM_ENABLE=0 --env NCCL_DEBUG=WARN --entrypoint vllm glm53-sm121-v11 serve LibertAIDAI/GLM-5.3-Flash-NVFP4 --revision aa28e1f54130286c95fee10d0705c74ce8743734 --host 0.0.0.0 --port 8000 --tensor-parallel-size 2 --max-model-len 327680 --kv-cache-dtype fp8_e4m3 --kv-cache-memory-bytes 4445787956 --gpu-memory-utilization 0.85 --max-num-seqs 4 --block-size 2304 --moe-backend marlin --linear-backend marlin --speculative-config '{"method":"dflash","model":"/root/.cache/huggingface/glm53-drafters/incoai-7d74cdd881ed7e32c31175984a67823127b66cfe","num_speculative_tokens":5}' --compilation-config '{"cudagraph_capture_sizes":[1,2,4,6,12,18,24]}' --tool-call-parser glm47 --enable-auto-tool-choice --reasoning-parser glm45 --default-chat-template-kwargs '{"enable_thinking": false}' --served-model-name glm-5.3-flash --trust-remote-code --mm-processor-cache-gb 1 --override-generation-config '{"max_new_tokens": 65536}' --nnodes 2 --node-rank 0 --master-addr 192.0.2.1 --master-port 29501 --distributed-executor-backend mp
+ssh -o BatchMode=yes 192.0.2.2 'docker run --detach --name glm53-rank1 --label glm53.launcher=serve --label glm53.rank=1 --network host --ipc host --shm-size 32g --cap-add IPC_LOCK --restart no --gpus all --device /dev/infiniband --ulimit memlock=-1:-1 --mount type=bind,src=/home/user/.cache/huggingface,dst=/root/.cache/huggingface --env HF_HOME=/root/.cache/huggingface --env TORCH_CUDA_ARCH_LIST=12.1a --env FLASHINFER_CUDA_ARCH_LIST=12.1a --env FLASHINFER_DISABLE_VERSION_CHECK=1 --env VLLM_ENGINE_READY_TIMEOUT_S=3600 --env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True --mount '\''type=bind,src=/home/user/.cache/glm53-jit/<image-id>,dst=/var/cache/glm53-jit'\'' --env VLLM_CACHE_ROOT=/var/cache/glm53-jit/vllm --env FLASHINFER_WORKSPACE_BASE=/var/cache/glm53-jit/flashinfer --env DG_JIT_CACHE_DIR=/var/cache/glm53-jit/deep_gemm --env TRITON_CACHE_DIR=/var/cache/glm53-jit/triton --env TILELANG_CACHE_DIR=/var/cache/glm53-jit/tilelang --env TORCHINDUCTOR_CACHE_DIR=/var/cache/glm53-jit/inductor --env CUDA_CACHE_PATH=/var/cache/glm53-jit/cuda --env VLLM_HOST_IP=192.0.2.2 --env NCCL_SOCKET_IFNAME=ifx0 --env GLOO_SOCKET_IFNAME=ifx0 --env TP_SOCKET_IFNAME=ifx0 --env NCCL_IB_HCA=hca0 --env NCCL_NET=IB --env NCCL_IB_DISABLE=0 --env NCCL_CROSS_NIC=1 --env NCCL_NVLS_ENABLE=0 --env NCCL_CUMEM_ENABLE=0 --env NCCL_DEBUG=WARN --entrypoint vllm glm53-sm121-v11 serve LibertAIDAI/GLM-5.3-Flash-NVFP4 --revision aa28e1f54130286c95fee10d0705c74ce8743734 --tensor-parallel-size 2 --max-model-len 327680 --kv-cache-dtype fp8_e4m3 --kv-cache-memory-bytes 4445787956 --gpu-memory-utilization 0.85 --max-num-seqs 4 --block-size 2304 --moe-backend marlin --linear-backend marlin --speculative-config '\''{"method":"dflash","model":"/root/.cache/huggingface/glm53-drafters/incoai-7d74cdd881ed7e32c31175984a67823127b66cfe","num_speculative_tokens":5}'\'' --compilation-config '\''{"cudagraph_capture_sizes":[1,2,4,6,12,18,24]}'\'' --tool-call-parser glm47 --enable-auto-tool-choice --reasoning-parser glm45 --default-chat-template-kwargs '\''{"enable_thinking": false}'\'' --served-model-name glm-5.3-flash --trust-remote-code --mm-processor-cache-gb 1 --override-generation-config '\''{"max_new_tokens": 65536}'\'' --nnodes 2 --node-rank 1 --master-addr 192.0.2.1 --master-port 29501 --distributed-executor-backend mp --headless'
+# while waiting, on every node: MemAvailable every 0.250 s and the rank log's phase markers; under the phase's floor (load 10, profile 8, kv_ready 3, serving 2 GiB) every rank is killed; samples to {repo}/runs/<UTC time>/memory.csv
+sh -c 'meminfo=${GLM53_MEMINFO:-/proc/meminfo}; work=$(mktemp -d) || exit 1; follower=; trap '\''kill "$follower" 2>/dev/null; rm -rf "$work"'\'' EXIT; trap '\''exit 0'\'' HUP INT TERM; mkfifo "$work/log" || exit 1; docker logs --follow "$1" >"$work/log" 2>&1 & follower=$!; grep --line-buffered -o -E "$2" <"$work/log" & while awk '\''/^MemAvailable:/ { print "mem", $2; found = 1; exit } END { exit !found }'\'' "$meminfo"; do sleep "$3"; done' memory-sampler glm53-rank0 'Model loading took|Available KV cache memory|KV Cache as specified by kv_cache_memory_bytes|KV cache size: |Application startup complete' 0.250
+ssh -o BatchMode=yes 192.0.2.2 'sh -c '\''meminfo=${GLM53_MEMINFO:-/proc/meminfo}; work=$(mktemp -d) || exit 1; follower=; trap '\''\'\'''\''kill "$follower" 2>/dev/null; rm -rf "$work"'\''\'\'''\'' EXIT; trap '\''\'\'''\''exit 0'\''\'\'''\'' HUP INT TERM; mkfifo "$work/log" || exit 1; docker logs --follow "$1" >"$work/log" 2>&1 & follower=$!; grep --line-buffered -o -E "$2" <"$work/log" & while awk '\''\'\'''\''/^MemAvailable:/ { print "mem", $2; found = 1; exit } END { exit !found }'\''\'\'''\'' "$meminfo"; do sleep "$3"; done'\'' memory-sampler glm53-rank1 '\''Model loading took|Available KV cache memory|KV Cache as specified by kv_cache_memory_bytes|KV cache size: |Application startup complete'\'' 0.250'
 # wait: poll the API every 5 s (up to 7200 s) while every rank is running; a dead rank stops all
 curl --silent --fail --output /dev/null --max-time 5 http://127.0.0.1:8000/v1/models
 docker inspect --format '{{.State.Status}}' glm53-rank0
 ssh -o BatchMode=yes 192.0.2.2 'docker inspect --format '\''{{.State.Status}}'\'' glm53-rank1'
 """
 
+MODEL = "LibertAIDAI/GLM-5.3-Flash-NVFP4"
+SEED_MODEL_PIN = "aa28e1f54130286c95fee10d0705c74ce8743734"
+SEED_DRAFTER_PIN = "7d74cdd881ed7e32c31175984a67823127b66cfe"
 HF_MOUNT = [
     "--mount", f"type=bind,src={HOME}/.cache/huggingface,dst=/root/.cache/huggingface",
     "--env", "HF_HOME=/root/.cache/huggingface",
 ]
-NCCL_ENV = ["--env", "NCCL_SOCKET_IFNAME=ifx0", "--env", "GLOO_SOCKET_IFNAME=ifx0",
-            "--env", "NCCL_IB_HCA=hca0"]
-DOCKER_DEFAULTS = ["--gpus", "all", "--device", "/dev/infiniband", "--ulimit", "memlock=-1",
-                   "--ulimit", "stack=67108864"]
+FIXED_DOCKER = ["--network", "host", "--ipc", "host", "--shm-size", "32g", "--cap-add", "IPC_LOCK",
+                "--restart", "no"]
+DOCKER_DEFAULTS = ["--gpus", "all", "--device", "/dev/infiniband", "--ulimit", "memlock=-1:-1"]
+ENGINE_ENV = ["--env", "TORCH_CUDA_ARCH_LIST=12.1a", "--env", "FLASHINFER_CUDA_ARCH_LIST=12.1a",
+              "--env", "FLASHINFER_DISABLE_VERSION_CHECK=1",
+              "--env", "VLLM_ENGINE_READY_TIMEOUT_S=3600",
+              "--env", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"]
+JIT_VARS = {"VLLM_CACHE_ROOT": "vllm", "FLASHINFER_WORKSPACE_BASE": "flashinfer",
+            "DG_JIT_CACHE_DIR": "deep_gemm", "TRITON_CACHE_DIR": "triton",
+            "TILELANG_CACHE_DIR": "tilelang", "TORCHINDUCTOR_CACHE_DIR": "inductor",
+            "CUDA_CACHE_PATH": "cuda"}
+JIT = ["--mount", f"type=bind,src={HOME}/.cache/glm53-jit/<image-id>,dst=/var/cache/glm53-jit"]
+for _name, _dir in JIT_VARS.items():
+    JIT += ["--env", f"{_name}=/var/cache/glm53-jit/{_dir}"]
 PINNED = {"MODEL_REVISION": MODEL_PIN, "DRAFTER_REVISION": DRAFTER_PIN}
 INCOAI_DIR = f"/root/.cache/huggingface/glm53-drafters/incoai-{DRAFTER_PIN}"
-MODEL = "nvidia/GLM-5.3-Flash-FP4-Local"
 
 
-def expected_docker_run(rank, nodes, vllm_words, mounts=(), multi_node=True):
+def link_env(rank):
+    return ["--env", f"VLLM_HOST_IP={NODES[rank]}", "--env", "NCCL_SOCKET_IFNAME=ifx0",
+            "--env", "GLOO_SOCKET_IFNAME=ifx0", "--env", "TP_SOCKET_IFNAME=ifx0",
+            "--env", "NCCL_IB_HCA=hca0", "--env", "NCCL_NET=IB", "--env", "NCCL_IB_DISABLE=0",
+            "--env", "NCCL_CROSS_NIC=1", "--env", "NCCL_NVLS_ENABLE=0",
+            "--env", "NCCL_CUMEM_ENABLE=0", "--env", "NCCL_DEBUG=WARN"]
+
+
+def expected_docker_run(rank, nodes, vllm_words, mounts=(), multi_node=True, extra_env=()):
     argv = ["docker", "run", "--detach", "--name", f"glm53-rank{rank}",
             "--label", "glm53.launcher=serve", "--label", f"glm53.rank={rank}",
-            "--network", "host", "--ipc", "host", *DOCKER_DEFAULTS, *HF_MOUNT, *mounts]
+            *FIXED_DOCKER, *DOCKER_DEFAULTS, *HF_MOUNT, *mounts, *ENGINE_ENV, *JIT]
     if multi_node:
-        argv += NCCL_ENV
+        argv += link_env(rank)
+    for word in extra_env:
+        argv += ["--env", word]
     return argv + ["--entrypoint", "vllm", "glm53-sm121-v11", *vllm_words]
 
 
-def expected_vllm(rank, nodes, middle, tp=None, extra=()):
+CHAT = ["--tool-call-parser", "glm47", "--enable-auto-tool-choice", "--reasoning-parser", "glm45",
+        "--default-chat-template-kwargs", '{"enable_thinking": false}',
+        "--served-model-name", "glm-5.3-flash", "--trust-remote-code",
+        "--mm-processor-cache-gb", "1", "--override-generation-config", '{"max_new_tokens": 65536}']
+
+
+def expected_vllm(rank, nodes, middle, tp=None, extra=(), chat=CHAT):
     """`serve MODEL ...` as the launcher orders it; `middle` is what sits between the
-    memory flags and the multi-node flags (speculative and compilation config)."""
+    memory flags and the chat flags (speculative and compilation config)."""
     words = ["serve", MODEL, "--revision", MODEL_PIN]
     if rank == 0:
-        words += ["--port", "8000"]
+        words += ["--host", "0.0.0.0", "--port", "8000"]
     words += ["--tensor-parallel-size", str(tp or nodes), "--max-model-len", "327680",
-              "--max-num-seqs", "4", "--kv-cache-dtype", "fp8_e4m3",
-              "--kv-cache-memory-bytes", "4445787956", *middle]
+              "--kv-cache-dtype", "fp8_e4m3", "--kv-cache-memory-bytes", "4445787956",
+              "--gpu-memory-utilization", "0.85", "--max-num-seqs", "4", "--block-size", "2304",
+              "--moe-backend", "marlin", "--linear-backend", "marlin", *middle, *chat]
     if nodes > 1:
         words += ["--nnodes", str(nodes), "--node-rank", str(rank), "--master-addr", NODES[0],
                   "--master-port", "29501", "--distributed-executor-backend", "mp"]
@@ -112,18 +146,34 @@ def graphs(*sizes):
             '{"cudagraph_capture_sizes":[' + ",".join(map(str, sizes)) + "]}"]
 
 
-def assert_ranks(stdout, nodes, middle, tp=None, extra=(), mounts=()):
+def assert_ranks(stdout, nodes, middle, tp=None, extra=(), mounts=(), chat=CHAT, extra_env=()):
     ranks = serve_commands(stdout)
     assert sorted(ranks) == list(range(nodes))
     for rank, (node, argv) in ranks.items():
         assert node == NODES[rank]
         assert argv == expected_docker_run(
-            rank, nodes, expected_vllm(rank, nodes, middle, tp, extra), mounts, nodes > 1)
+            rank, nodes, expected_vllm(rank, nodes, middle, tp, extra, chat), mounts, nodes > 1,
+            extra_env)
 
 
 def test_defaults_print_exactly_the_reviewed_commands(tmp_path):
-    expected = DEFAULTS_DRY_RUN.replace("{repo}", str(REPO))
-    assert dry_run(tmp_path) == expected.replace("{pins}", str(tmp_path / "pins.env"))
+    assert dry_run(tmp_path) == DEFAULTS_DRY_RUN.replace("{repo}", str(REPO))
+
+
+def test_defaults_serve_the_seeds_checkpoint_and_drafter_at_their_commits(tmp_path):
+    ranks = serve_commands(dry_run(tmp_path))
+    for _, argv in ranks.values():
+        words = vllm_argv(argv)
+        assert words[:4] == ["serve", MODEL, "--revision", SEED_MODEL_PIN]
+        spec = json.loads(words[words.index("--speculative-config") + 1])
+        assert spec["model"].endswith(f"/incoai-{SEED_DRAFTER_PIN}")
+
+
+def test_another_model_does_not_inherit_the_seeds_commit(tmp_path):
+    stdout = dry_run(tmp_path, MODEL="someone/other-checkpoint")
+    assert SEED_MODEL_PIN not in stdout
+    assert "--revision '<resolved-at-run>'" in stdout
+    assert "model_info(sys.argv[1]).sha)' someone/other-checkpoint" in stdout
 
 
 def test_defaults_pinned_serve_dflash2_k5_with_graphs(tmp_path):
@@ -137,10 +187,12 @@ def test_defaults_pinned_serve_dflash2_k5_with_graphs(tmp_path):
         "bytes (4.14 GiB fp8_e4m3), image glm53-sm121-v11, nodes 192.0.2.1 192.0.2.2 (TP=2)")
 
 
-def test_pins_file_supplies_both_revisions(tmp_path):
+def test_pins_file_supplies_revisions_nothing_else_pins(tmp_path):
+    other, g_repo = "someone/other-checkpoint", "canada-quant/GLM-5.3-Flash-DFlash2-G"
     (tmp_path / "pins.env").write_text(
-        f"# recorded by run.sh\n{MODEL} {MODEL_PIN}\nincoai/GLM-5.3-Flash-DFlash2 {DRAFTER_PIN}\n")
-    assert dry_run(tmp_path) == dry_run(tmp_path, **PINNED)
+        f"# recorded by run.sh\n{other} {MODEL_PIN}\n{g_repo} {DRAFTER_PIN}\n")
+    settings = {"MODEL": other, "DRAFTER": "dflash2-g"}
+    assert dry_run(tmp_path, **settings) == dry_run(tmp_path, **settings, **PINNED)
 
 
 def test_spec_mtp_uses_the_checkpoint_head_with_4_tokens(tmp_path):
@@ -203,21 +255,92 @@ def test_one_node_needs_no_network_settings(tmp_path):
 
 
 EXTRA_ARGS = (
-    """--override-generation-config '{"temperature": 0.6, "top_p": 0.95}' """
-    """--served-model-name "it's glm" --chat-template-content-format=string """
-    """--hf-overrides '{"note": "a \\"quoted\\" $HOME `x`"}'"""
+    """--hf-overrides '{"note": "a \\"quoted\\" $HOME `x`"}' """
+    """--root-path "/it's glm" --chat-template-content-format=string"""
 )
 EXTRA_WORDS = [
-    "--override-generation-config", '{"temperature": 0.6, "top_p": 0.95}',
-    "--served-model-name", "it's glm", "--chat-template-content-format=string",
     "--hf-overrides", '{"note": "a \\"quoted\\" $HOME `x`"}',
+    "--root-path", "/it's glm", "--chat-template-content-format=string",
 ]
 
 
 def test_extra_args_reach_every_rank_as_shell_words(tmp_path):
     stdout = dry_run(tmp_path, EXTRA_ARGS=EXTRA_ARGS, **PINNED)
     assert_ranks(stdout, 2, dflash(5) + graphs(1, 2, 4, 6, 12, 18, 24), extra=EXTRA_WORDS)
-    json.loads(EXTRA_WORDS[-1])  # the JSON word is still JSON after both shell levels
+    json.loads(EXTRA_WORDS[1])  # the JSON word is still JSON after both shell levels
+
+
+def test_generation_config_merges_with_the_max_new_tokens_ceiling(tmp_path):
+    stdout = dry_run(tmp_path, GENERATION_CONFIG='{"temperature": 0.6, "note": "it\'s"}', **PINNED)
+    for _, argv in serve_commands(stdout).values():
+        words = vllm_argv(argv)
+        assert json.loads(words[words.index("--override-generation-config") + 1]) == {
+            "max_new_tokens": 65536, "temperature": 0.6, "note": "it's"}
+
+
+def test_chat_knobs_change_their_flags_and_empty_leaves_them_out(tmp_path):
+    stdout = dry_run(tmp_path, THINKING=1, MAX_NEW_TOKENS=4096, SERVED_MODEL_NAME="glm",
+                     TOOL_CALL_PARSER="glm45", REASONING_PARSER="glm47", **PINNED)
+    chat = ["--tool-call-parser", "glm45", "--enable-auto-tool-choice", "--reasoning-parser",
+            "glm47", "--default-chat-template-kwargs", '{"enable_thinking": true}',
+            "--served-model-name", "glm", "--trust-remote-code", "--mm-processor-cache-gb", "1",
+            "--override-generation-config", '{"max_new_tokens": 4096}']
+    assert_ranks(stdout, 2, dflash(5) + graphs(1, 2, 4, 6, 12, 18, 24), chat=chat)
+
+
+def test_block_size_2304_is_the_default_and_others_are_accepted(tmp_path):
+    for block, expected in ((None, "2304"), (64, "64"), (4608, "4608")):
+        stdout = dry_run(tmp_path, BLOCK_SIZE=block, **PINNED)
+        for _, argv in serve_commands(stdout).values():
+            words = vllm_argv(argv)
+            assert words[words.index("--block-size") + 1] == expected
+
+
+def test_a_forced_backend_is_passed_as_asked(tmp_path):
+    stdout = dry_run(tmp_path, MOE_BACKEND="flashinfer_cutlass", FORCE_UNSAFE_MOE=1,
+                     LINEAR_BACKEND="auto", FORCE_UNSAFE_LINEAR=1, **PINNED)
+    for _, argv in serve_commands(stdout).values():
+        words = vllm_argv(argv)
+        assert words[words.index("--moe-backend") + 1] == "flashinfer_cutlass"
+        assert words[words.index("--linear-backend") + 1] == "auto"
+
+
+def test_extra_env_reaches_every_rank_after_the_launchers_own(tmp_path):
+    extra = ["VLLM_LOGGING_LEVEL=DEBUG", "NCCL_IB_TIMEOUT=22", "TORCH_NCCL_BLOCKING_WAIT=1",
+             "CUDA_LAUNCH_BLOCKING=0", "FLASHINFER_LOGLEVEL=3"]
+    stdout = dry_run(tmp_path, EXTRA_ENV=" ".join(extra), **PINNED)
+    assert_ranks(stdout, 2, dflash(5) + graphs(1, 2, 4, 6, 12, 18, 24), extra_env=extra)
+
+
+def test_every_variable_the_launcher_sets_is_refused_in_extra_env(tmp_path):
+    argv = serve_commands(dry_run(tmp_path, HF_TOKEN_FILE="/tok", **PINNED))[1][1]
+    names = sorted({argv[i + 1].split("=", 1)[0] for i, word in enumerate(argv) if word == "--env"})
+    assert len(names) == 25  # HF 2, engines 5, JIT caches 7, the link 11
+    # validate_extra_env itself, once per name, in one bash (a whole run.sh each is slow).
+    script = ('source "$1/lib/settings.sh"; source "$1/lib/validate.sh"; source "$1/lib/plan.sh"; '
+              'shift; for name; do (EXTRA_ENV_WORDS=("$name=1"); validate_extra_env) 2>&1; done')
+    result = subprocess.run(["bash", "-c", script, "test", str(REPO / "launcher"), *names],
+                            capture_output=True, text=True, timeout=60, check=False)
+    lines = result.stdout.splitlines()
+    assert len(lines) == len(names)
+    for name, line in zip(names, lines):
+        assert line.startswith(f"refused: EXTRA_ENV={name}"), line
+        assert (f"the launcher sets {name}: " in line or "looks like a credential" in line), line
+
+
+def test_none_leaves_optional_flags_and_the_jit_cache_out(tmp_path):
+    stdout = dry_run(tmp_path, JIT_CACHE="none", TOOL_CALL_PARSER="none", REASONING_PARSER="none",
+                     SERVED_MODEL_NAME="none", MM_PROCESSOR_CACHE_GB="none", MAX_NEW_TOKENS="none",
+                     BLOCK_SIZE="none", **PINNED)
+    assert "glm53-jit" not in stdout and "JIT cache" not in stdout
+    for _, argv in serve_commands(stdout).values():
+        words = vllm_argv(argv)
+        for flag in ("--tool-call-parser", "--enable-auto-tool-choice", "--reasoning-parser",
+                     "--served-model-name", "--mm-processor-cache-gb",
+                     "--override-generation-config", "--block-size"):
+            assert flag not in words
+        assert "--default-chat-template-kwargs" in words and "--trust-remote-code" in words
+        assert not any(word.startswith(tuple(JIT_VARS)) for word in argv)
 
 
 def test_dflash2_g_says_licence_and_window_and_serves_the_derived_dir(tmp_path):
@@ -277,14 +400,15 @@ def test_cluster_env_is_read_literally_and_the_environment_wins(tmp_path):
         'NODES="192.0.2.3 192.0.2.4"\n'
         "IFACE=ifsite\n"
         "HCA=hcasite\n"
-        """EXTRA_ARGS=--override-generation-config '{"top_k": 20}'\n"""
+        """GENERATION_CONFIG='{"top_k": 20}'\n"""
         "MAX_NUM_SEQS=2\n")
     stdout = dry_run(tmp_path, CLUSTER_ENV=cluster, NODES=None, IFACE=None, HCA=None,
                      MAX_NUM_SEQS=3, **PINNED)
     ranks = serve_commands(stdout, head="192.0.2.3")
     assert [node for node, _ in ranks.values()] == ["192.0.2.3", "192.0.2.4"]
     words = vllm_argv(ranks[1][1])
-    assert words[-2:] == ["--override-generation-config", '{"top_k": 20}']
+    assert words[words.index("--override-generation-config") + 1] == (
+        '{"max_new_tokens": 65536, "top_k": 20}')
     assert words[words.index("--max-num-seqs") + 1] == "3"
     assert "NCCL_SOCKET_IFNAME=ifsite" in ranks[1][1] and "NCCL_IB_HCA=hcasite" in ranks[1][1]
 
@@ -296,8 +420,8 @@ def test_ssh_and_docker_args_are_settings(tmp_path):
     assert worker_lines and all(line.startswith(f"{FAKE_SSH} -p 2222 {NODES[1]} ")
                                 for line in worker_lines)
     for _, argv in serve_commands(stdout).values():
-        after_ipc = argv.index("--ipc") + 2
-        assert argv[after_ipc:after_ipc + 3] == ["--runtime", "runc", "--mount"]
+        after_fixed = argv.index("--restart") + 2
+        assert argv[after_fixed:after_fixed + 3] == ["--runtime", "runc", "--mount"]
         assert "--gpus" not in argv
 
 

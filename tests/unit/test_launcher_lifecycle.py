@@ -5,8 +5,10 @@ tests/fakes/fake-ssh, and tests/fakes/fake-docker keeps one state file per node,
 IDs, streaming, container deaths and clean-up can be programmed and checked.
 """
 
+import csv
 import json
 import stat
+import subprocess
 import time
 
 from tests.unit.test_launcher_support import (
@@ -15,6 +17,7 @@ from tests.unit.test_launcher_support import (
     MODEL_PIN,
     NODES,
     REPO,
+    launcher_env,
     run,
     sealed_bin,
 )
@@ -50,11 +53,47 @@ def make_cluster(tmp_path, head_images=None, worker_images=None, running=()):
     return state
 
 
-def serve(tmp_path, state, **settings):
+def plant_meminfo(tmp_path, **gib_by_node):
+    """The memory guard's MemAvailable source per node (GLM53_MEMINFO, through fake-ssh for
+    workers); every node has 50 GiB unless given. Returns the settings that point there."""
+    folder = tmp_path / "meminfo"
+    folder.mkdir(exist_ok=True)
+    for node in NODES[:2]:
+        set_meminfo(folder / node, gib_by_node.get(node, 50))
+    return {"FAKE_MEMINFO_DIR": folder, "GLM53_MEMINFO": folder / HEAD}
+
+
+def set_meminfo(path, gib):
+    """Replaces a planted /proc/meminfo at once (a rename), as the kernel's file changes."""
+    staged = path.with_suffix(".new")
+    staged.write_text(f"MemTotal:       {128 << 20} kB\nMemFree:        1024 kB\n"
+                      f"MemAvailable:   {int(gib * (1 << 20))} kB\n")
+    staged.replace(path)
+
+
+def serve(tmp_path, state, popen=False, **settings):
     defaults = {"DRY_RUN": 0, "SSH": str(FAKE_SSH), "FAKE_DOCKER_STATE": state,
                 "HF_CACHE": tmp_path / "hf", "POLL_SECONDS": 1, "MODEL_REVISION": MODEL_PIN,
-                "DRAFTER_REVISION": DRAFTER_PIN}
-    return run(tmp_path, **{**defaults, **settings})
+                "DRAFTER_REVISION": DRAFTER_PIN, "JIT_CACHE": tmp_path / "jit",
+                "RUNS_DIR": tmp_path / "runs"}
+    if "FAKE_MEMINFO_DIR" not in settings:
+        defaults.update(plant_meminfo(tmp_path))
+    merged = {**defaults, **settings}
+    if popen:
+        return subprocess.Popen([str(REPO / "run.sh")], env=launcher_env(tmp_path, **merged),
+                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+    return run(tmp_path, **merged)
+
+
+def samples(tmp_path):
+    """The memory guard's CSV rows of the one run under tmp_path/runs."""
+    files = list((tmp_path / "runs").glob("*/memory.csv"))
+    if not files:
+        return []
+    assert len(files) == 1
+    with files[0].open() as handle:
+        return list(csv.DictReader(handle))
 
 
 def containers(state, node):
@@ -149,13 +188,14 @@ def test_a_cluster_already_running_is_refused(tmp_path):
 def test_unpinned_revisions_are_resolved_once_and_recorded(tmp_path):
     state = make_cluster(tmp_path)
     resolved = "fedcba9876543210fedcba9876543210fedcba98"
-    result = serve(tmp_path, state, MODEL_REVISION=None, DRAFTER_REVISION=None,
-                   FAKE_RESOLVED_SHA=resolved, FAKE_CURL_READY_AFTER=1)
+    result = serve(tmp_path, state, MODEL="someone/other-checkpoint", DRAFTER="dflash2-g",
+                   MODEL_REVISION=None, DRAFTER_REVISION=None, FAKE_RESOLVED_SHA=resolved,
+                   FAKE_CURL_READY_AFTER=1)
     assert result.returncode == 0, result.stderr
     pins = (tmp_path / "pins.env").read_text().splitlines()
-    assert pins == [f"nvidia/GLM-5.3-Flash-FP4-Local {resolved}",
-                    f"incoai/GLM-5.3-Flash-DFlash2 {resolved}"]
-    assert f"glm53: pinned incoai/GLM-5.3-Flash-DFlash2 at {resolved}" in result.stdout
+    assert pins == [f"someone/other-checkpoint {resolved}",
+                    f"canada-quant/GLM-5.3-Flash-DFlash2-G {resolved}"]
+    assert f"glm53: pinned canada-quant/GLM-5.3-Flash-DFlash2-G at {resolved}" in result.stdout
     rank1 = containers(state, WORKER)["glm53-rank1"]["argv"]
     assert rank1[rank1.index("--revision") + 1] == resolved
 
@@ -193,3 +233,137 @@ def test_stop_reports_a_node_it_cannot_reach_and_still_cleans_the_others(tmp_pat
     assert result.stderr.splitlines()[-1] == "glm53: 1 node(s) could not be cleaned; see above"
     assert containers(state, "head") == {}
 
+
+
+def test_the_seeds_pins_need_no_hub_lookup(tmp_path):
+    state = make_cluster(tmp_path)
+    result = serve(tmp_path, state, MODEL_REVISION=None, DRAFTER_REVISION=None,
+                   FAKE_CURL_READY_AFTER=1)
+    assert result.returncode == 0, result.stderr
+    assert not (tmp_path / "pins.env").exists()
+    assert not any("model_info" in " ".join(call["argv"]) for call in calls(state))
+    rank0 = containers(state, "head")["glm53-rank0"]["argv"]
+    assert rank0[rank0.index("--revision") + 1] == "aa28e1f54130286c95fee10d0705c74ce8743734"
+
+
+# ----------------------------------------------------------------------------- JIT caches
+
+
+def jit_mounts(state, node):
+    mounts = {}
+    for name, container in containers(state, node).items():
+        argv = container["argv"]
+        mounts[name] = [argv[i + 1] for i, word in enumerate(argv)
+                        if word == "--mount" and "dst=/var/cache/glm53-jit" in argv[i + 1]]
+    return mounts
+
+
+def test_jit_cache_is_one_directory_per_image_id_kept_by_stop(tmp_path):
+    state = make_cluster(tmp_path)
+    result = serve(tmp_path, state, SPEC="off", FAKE_CURL_READY_AFTER=1)
+    assert result.returncode == 0, result.stderr
+    jit = tmp_path / "jit" / IMAGE_ID.removeprefix("sha256:")
+    assert f"glm53: JIT cache: {jit} on every node" in result.stdout
+    assert jit.is_dir()
+    assert jit_mounts(state, "head") == {"glm53-rank0": [f"type=bind,src={jit},dst=/var/cache/glm53-jit"]}
+    assert jit_mounts(state, WORKER) == {"glm53-rank1": [f"type=bind,src={jit},dst=/var/cache/glm53-jit"]}
+    (jit / "vllm").mkdir()
+    (jit / "vllm" / "kernel.bin").write_text("built once")
+    stopped = run(tmp_path, script="stop.sh", SSH=str(FAKE_SSH), FAKE_DOCKER_STATE=state, DRY_RUN=0)
+    assert stopped.returncode == 0, stopped.stderr
+    assert (jit / "vllm" / "kernel.bin").read_text() == "built once"
+
+    # A rebuilt image (same tag, new ID) gets a new directory; the old one stays.
+    rebuilt = "sha256:" + "3" * 64
+    for node in ("head", WORKER):
+        node_state = json.loads((state / f"{node}.json").read_text())
+        node_state["images"][IMAGE]["id"] = rebuilt
+        (state / f"{node}.json").write_text(json.dumps(node_state))
+    again = serve(tmp_path, state, SPEC="off", FAKE_CURL_READY_AFTER=1)
+    assert again.returncode == 0, again.stderr
+    new_jit = tmp_path / "jit" / ("3" * 64)
+    assert new_jit.is_dir() and (jit / "vllm" / "kernel.bin").exists()
+    assert jit_mounts(state, WORKER) == {"glm53-rank1": [f"type=bind,src={new_jit},dst=/var/cache/glm53-jit"]}
+
+
+# ----------------------------------------------------------------------------- memory guard
+
+PROFILE_LOG = "INFO 10-01 12:00:00 [gpu_model_runner.py:5417] Model loading took 45.31 GiB memory and 301.5 seconds"
+
+
+def test_memory_guard_is_silent_without_a_dip_and_writes_samples(tmp_path):
+    state = make_cluster(tmp_path)
+    result = serve(tmp_path, state, SPEC="off", FAKE_CURL_READY_AFTER=3, FAKE_DOCKER_LOG=PROFILE_LOG)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    assert "memory guard: MemAvailable every 0.250 s on 192.0.2.1 192.0.2.2" in result.stdout
+    rows = samples(tmp_path)
+    assert list(rows[0]) == ["time_unix", "elapsed_s", "node", "phase", "mem_available_bytes",
+                             "floor_bytes"]
+    assert {row["node"] for row in rows} == {HEAD, WORKER}
+    assert {row["phase"] for row in rows} <= {"load", "profile"} and rows[-1]["phase"] == "profile"
+    assert {row["mem_available_bytes"] for row in rows} == {str(50 << 30)}
+    floors = {row["phase"]: row["floor_bytes"] for row in rows}
+    assert floors["profile"] == str(8 << 30)
+    # About four samples a second per node over the ~2 s wait.
+    per_node = sum(row["node"] == WORKER for row in rows)
+    assert 4 <= per_node <= 40, per_node
+    times = [float(row["time_unix"]) for row in rows]
+    assert times == sorted(times) and abs(times[0] - time.time()) < 60
+
+
+def test_memory_guard_stops_every_rank_when_a_node_dips_under_the_phase_floor(tmp_path):
+    state = make_cluster(tmp_path)
+    meminfo = plant_meminfo(tmp_path)
+    process = serve(tmp_path, state, popen=True, SPEC="off", FAKE_DOCKER_LOG=PROFILE_LOG,
+                    **meminfo)
+    deadline = time.monotonic() + 60
+    while not any(row["phase"] == "profile" for row in samples(tmp_path)):
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+        time.sleep(0.1)
+    set_meminfo(meminfo["FAKE_MEMINFO_DIR"] / WORKER, 7.5)  # profile floor: 8 GiB
+    dipped = time.monotonic()
+    stdout, stderr = process.communicate(timeout=60)
+    assert time.monotonic() - dipped < 5
+    assert process.returncode == 1
+    run_dir = next((tmp_path / "runs").iterdir())
+    assert stderr.splitlines()[-1] == (
+        f"glm53: memory guard: {WORKER} has MemAvailable 7.50 GiB ({int(7.5 * (1 << 30))} bytes), "
+        "under the profile floor of 8 GiB; every rank was stopped (containers kept for docker "
+        f"logs; logs and samples in {run_dir})")
+    # Killed, not removed: the logs stay in Docker and are copied beside the samples.
+    assert containers(state, "head")["glm53-rank0"]["status"] == "exited"
+    assert containers(state, WORKER)["glm53-rank1"]["status"] == "exited"
+    assert PROFILE_LOG in (run_dir / "glm53-rank1.log").read_text()
+    assert "glm53-rank0 log line 1" in (run_dir / "glm53-rank0.log").read_text()
+    low = [row for row in samples(tmp_path) if int(row["mem_available_bytes"]) < 8 << 30]
+    assert low and low[0]["node"] == WORKER and low[0]["phase"] == "profile"
+
+
+def test_memory_guard_uses_the_floor_of_the_phase_the_logs_reached(tmp_path):
+    # 5 GiB is under the load floor (10) but over the kv_ready floor (3): a cluster whose
+    # head logged its KV cache size goes on; one still loading is stopped.
+    kv_log = PROFILE_LOG + "\nINFO [kv_cache_utils.py:2396] GPU KV cache size: 400,497 tokens"
+    state = make_cluster(tmp_path)
+    result = serve(tmp_path, state, SPEC="off", FAKE_CURL_READY_AFTER=3, FAKE_DOCKER_LOG=kv_log,
+                   **plant_meminfo(tmp_path, **{WORKER: 50, HEAD: 50}))
+    assert result.returncode == 0, result.stderr
+
+    loading = tmp_path / "loading"
+    loading.mkdir()
+    state = make_cluster(loading)
+    result = serve(loading, state, SPEC="off", FAKE_CURL_READY_AFTER=30,
+                   **plant_meminfo(loading, **{HEAD: 5}))
+    assert result.returncode == 1
+    assert (f"glm53: memory guard: {HEAD} has MemAvailable 5.00 GiB ({5 << 30} bytes), under the "
+            "load floor of 10 GiB;") in result.stderr
+
+
+def test_memory_guard_fails_closed_when_a_node_cannot_be_sampled(tmp_path):
+    state = make_cluster(tmp_path)
+    meminfo = plant_meminfo(tmp_path)
+    (meminfo["FAKE_MEMINFO_DIR"] / WORKER).write_text("MemTotal: 1 kB\n")  # no MemAvailable
+    result = serve(tmp_path, state, SPEC="off", FAKE_CURL_READY_AFTER=30, **meminfo)
+    assert result.returncode == 1
+    assert (f"glm53: memory guard: lost the MemAvailable samples of {WORKER} (its sampler over "
+            "SSH ended; see MEM_GUARD in README);") in result.stderr

@@ -39,14 +39,34 @@ def test_readme_table_lists_every_default_with_its_value():
 
 
 def test_defaults_are_the_seed_verified_run():
+    """REFERENCE.md, "The seed's deployment": the PR-era run and the later lessons."""
     settings = default_settings()
-    assert {name: settings[name] for name in (
-        "SPEC", "DRAFTER", "NUM_SPECULATIVE_TOKENS", "MAX_NUM_SEQS", "MAX_MODEL_LEN",
-        "ENFORCE_EAGER", "KV_CACHE_MEMORY_BYTES", "KV_CACHE_DTYPE", "IMAGE")} == {
+    seed = {
         "SPEC": "dflash2", "DRAFTER": "incoai", "NUM_SPECULATIVE_TOKENS": "5",
         "MAX_NUM_SEQS": "4", "MAX_MODEL_LEN": "327680", "ENFORCE_EAGER": "0",
         "KV_CACHE_MEMORY_BYTES": "4445787956", "KV_CACHE_DTYPE": "fp8_e4m3",
-        "IMAGE": "glm53-sm121-v11"}
+        "IMAGE": "glm53-sm121-v11", "MODEL": "LibertAIDAI/GLM-5.3-Flash-NVFP4",
+        "BLOCK_SIZE": "2304", "GPU_MEMORY_UTILIZATION": "0.85", "MOE_BACKEND": "marlin",
+        "TOOL_CALL_PARSER": "glm47", "REASONING_PARSER": "glm45", "THINKING": "0",
+        "PORT": "8000", "CUDA_ARCH_LIST": "12.1a", "ENGINE_READY_TIMEOUT": "3600",
+        "NCCL_DEBUG_LEVEL": "WARN",
+        "DOCKER_ARGS": "--gpus all --device /dev/infiniband --ulimit memlock=-1:-1",
+        # later lessons
+        "LINEAR_BACKEND": "marlin", "MM_PROCESSOR_CACHE_GB": "1", "MAX_NEW_TOKENS": "65536",
+        "JIT_CACHE": "~/.cache/glm53-jit",
+        # the memory guard the seed grew
+        "MEM_GUARD": "1", "MEM_SAMPLES_PER_SECOND": "4", "MEM_FLOOR_LOAD_GIB": "10",
+        "MEM_FLOOR_PROFILE_GIB": "8", "MEM_FLOOR_KV_READY_GIB": "3", "MEM_FLOOR_SERVING_GIB": "2",
+    }
+    assert {name: settings[name] for name in seed} == seed
+
+
+def test_the_seeds_commits_are_pinned_where_the_launcher_reads_them():
+    from recipekit.drafters import catalog
+
+    assert catalog.DRAFTERS["incoai"].revision == "7d74cdd881ed7e32c31175984a67823127b66cfe"
+    settings_sh = (REPO / "launcher" / "lib" / "settings.sh").read_text()
+    assert '["LibertAIDAI/GLM-5.3-Flash-NVFP4"]=aa28e1f54130286c95fee10d0705c74ce8743734' in settings_sh
 
 
 def test_no_site_values_are_baked_in():

@@ -19,6 +19,16 @@ TP_WHY = ("accepted: a multiple of the node count 2 (each node runs TP / nodes r
           "for the node count")
 PATH_WHY = "accepted: an absolute path (~/ allowed) without commas"
 HEX_PIN = "accepted: a 40-hex commit hash, or empty"
+MOE_WHY = ("on GB10 flashinfer_cutlass ran out of memory in its JIT after the 90.67 GiB of "
+           "weights (the seed's run); accepted: marlin, or set FORCE_UNSAFE_MOE=1")
+LINEAR_WHY = ("auto picked a FlashInfer FP4 GEMM that JIT-compiles on sm_121 and six boots "
+              "collapsed (the seed, September); accepted: marlin, or set FORCE_UNSAFE_LINEAR=1")
+BLOCK_WHY = ("vLLM takes any block size above 0; 2304 tiles the 64-entry pool pages DeepGEMM's "
+             "sm_12x fp8 paged MQA accepts; accepted: an integer 1..1048576")
+FRACTION_WHY = "accepted: a fraction above 0 and at most 1, up to 4 decimals (the seed ran 0.85)"
+PARSER_WHY = "accepted: a vLLM parser name such as glm47 or glm45, or empty to leave it out"
+ENV_PREFIXES = "VLLM_ NCCL_ GLOO_ UCX_ TORCH_ TORCHINDUCTOR_ PYTORCH_ CUDA_ NVIDIA_ FLASHINFER_ TRITON_ TILELANG_ DG_ CUTE_DSL_ OMP_"
+FLOOR_WHY = "GiB of MemAvailable below which the guard stops every rank (0: no floor); accepted: an integer 0..1024"
 
 REFUSALS = [
     ({"SPEC": "dflash"}, "SPEC=dflash: accepted: dflash2 | mtp | off"),
@@ -50,7 +60,84 @@ REFUSALS = [
     ({"KV_CACHE_DTYPE": "auto"},
      ("KV_CACHE_DTYPE=auto: the KV pin and the context bound hold for 1-byte fp8 KV only; "
       "accepted: fp8_e4m3 | fp8 | fp8_e5m2")),
-    ({"BLOCK_SIZE": "48"}, "BLOCK_SIZE=48: accepted: 16 | 32 | 64 | 128 | 256"),
+    ({"BLOCK_SIZE": "0"}, f"BLOCK_SIZE=0: {BLOCK_WHY}"),
+    ({"BLOCK_SIZE": "2k"}, f"BLOCK_SIZE=2k: {BLOCK_WHY}"),
+    ({"GPU_MEMORY_UTILIZATION": "1.5"}, f"GPU_MEMORY_UTILIZATION=1.5: {FRACTION_WHY}"),
+    ({"GPU_MEMORY_UTILIZATION": "0.0"}, f"GPU_MEMORY_UTILIZATION=0.0: {FRACTION_WHY}"),
+    ({"GPU_MEMORY_UTILIZATION": "85%"}, f"GPU_MEMORY_UTILIZATION=85%: {FRACTION_WHY}"),
+    ({"MOE_BACKEND": "flashinfer_cutlass"}, f"MOE_BACKEND=flashinfer_cutlass: {MOE_WHY}"),
+    ({"MOE_BACKEND": "auto"}, f"MOE_BACKEND=auto: {MOE_WHY}"),
+    ({"MOE_BACKEND": "Marlin!", "FORCE_UNSAFE_MOE": "1"},
+     "MOE_BACKEND=Marlin!: accepted: a vLLM backend name such as marlin"),
+    ({"FORCE_UNSAFE_MOE": "yes"}, "FORCE_UNSAFE_MOE=yes: accepted: 0 | 1"),
+    ({"LINEAR_BACKEND": "auto"}, f"LINEAR_BACKEND=auto: {LINEAR_WHY}"),
+    ({"LINEAR_BACKEND": "flashinfer_cutlass"}, f"LINEAR_BACKEND=flashinfer_cutlass: {LINEAR_WHY}"),
+    ({"FORCE_UNSAFE_LINEAR": "2"}, "FORCE_UNSAFE_LINEAR=2: accepted: 0 | 1"),
+    ({"MM_PROCESSOR_CACHE_GB": "4GiB"},
+     ("MM_PROCESSOR_CACHE_GB=4GiB: accepted: GiB as a decimal number such as 1 or 0.5, or empty "
+      "for vLLM's default (4, too much on unified memory)")),
+    ({"MAX_NEW_TOKENS": "0"},
+     f"MAX_NEW_TOKENS=0: the server-wide ceiling on output tokens per request; {INT} 1..999999999"),
+    ({"GENERATION_CONFIG": "temperature=0.6"},
+     ("GENERATION_CONFIG=temperature=0.6: not JSON (Expecting value: line 1 column 1 (char 0)); "
+      'accepted: a JSON object such as {"temperature": 0.6}, or empty')),
+    ({"GENERATION_CONFIG": "[0.6]"},
+     'GENERATION_CONFIG=[0.6]: accepted: a JSON object such as {"temperature": 0.6}, or empty'),
+    ({"GENERATION_CONFIG": '{"max_new_tokens": 10}'},
+     ('GENERATION_CONFIG={"max_new_tokens": 10}: max_new_tokens is set from MAX_NEW_TOKENS; set '
+      "that instead and leave it out here")),
+    ({"SERVED_MODEL_NAME": "glm 5.3"},
+     ("SERVED_MODEL_NAME=glm 5.3: accepted: letters, digits and . _ : / - (no spaces), or empty "
+      "to serve under MODEL")),
+    ({"TOOL_CALL_PARSER": "GLM-47"}, f"TOOL_CALL_PARSER=GLM-47: {PARSER_WHY}"),
+    ({"REASONING_PARSER": "glm 45"}, f"REASONING_PARSER=glm 45: {PARSER_WHY}"),
+    ({"THINKING": "off"}, "THINKING=off: accepted: 0 | 1"),
+    ({"NCCL_DEBUG_LEVEL": "debug"}, "NCCL_DEBUG_LEVEL=debug: accepted: VERSION | WARN | INFO | TRACE"),
+    ({"CUDA_ARCH_LIST": "sm_121"},
+     "CUDA_ARCH_LIST=sm_121: accepted: a TORCH_CUDA_ARCH_LIST value such as 12.1a (GB10 is sm_121)"),
+    ({"ENGINE_READY_TIMEOUT": "30"},
+     ("ENGINE_READY_TIMEOUT=30: seconds vLLM waits for its engine; a GB10 boot takes 15-21 "
+      f"minutes; {INT} 60..86400")),
+    ({"EXTRA_ENV": "VLLM_LOGGING_LEVEL=DEBUG lower_case=1"},
+     ("EXTRA_ENV=lower_case=1: not NAME=VALUE with an environment variable name; accepted: "
+      "NAME=VALUE words, NAME in capitals")),
+    ({"EXTRA_ENV": "VLLM_DEBUG"},
+     ("EXTRA_ENV=VLLM_DEBUG: not NAME=VALUE with an environment variable name; accepted: "
+      "NAME=VALUE words, NAME in capitals")),
+    ({"EXTRA_ENV": "VLLM_API_KEY=sk-abc123"},
+     ("EXTRA_ENV=VLLM_API_KEY=<hidden>: VLLM_API_KEY looks like a credential (holds TOKEN, KEY, "
+      "SECRET or PASSWORD) and would show in docker inspect; accepted: engine settings only (the "
+      "Hub token goes in HF_TOKEN_FILE)")),
+    ({"EXTRA_ENV": "HF_TOKEN=hf_abc"},
+     ("EXTRA_ENV=HF_TOKEN=<hidden>: HF_TOKEN looks like a credential (holds TOKEN, KEY, SECRET or "
+      "PASSWORD) and would show in docker inspect; accepted: engine settings only (the Hub token "
+      "goes in HF_TOKEN_FILE)")),
+    ({"EXTRA_ENV": "NCCL_IB_HCA=mlx5_9"},
+     "EXTRA_ENV=NCCL_IB_HCA=mlx5_9: the launcher sets NCCL_IB_HCA: set from HCA; set that instead"),
+    ({"EXTRA_ENV": "VLLM_HOST_IP=10.0.0.1"},
+     "EXTRA_ENV=VLLM_HOST_IP=10.0.0.1: the launcher sets VLLM_HOST_IP: set from NODES; set that instead"),
+    ({"EXTRA_ENV": "NCCL_NET=Socket"},
+     ("EXTRA_ENV=NCCL_NET=Socket: the launcher sets NCCL_NET: a fixed part of the seed's verified "
+      "run (README, launcher section)")),
+    ({"EXTRA_ENV": "LD_PRELOAD=/tmp/x.so"},
+     f"EXTRA_ENV=LD_PRELOAD=/tmp/x.so: LD_PRELOAD is not an engine variable; accepted: names starting with {ENV_PREFIXES}"),
+    ({"EXTRA_ENV": "VLLM_X='unclosed"}, f"EXTRA_ENV=VLLM_X='unclosed: {WORDS_WHY}"),
+    ({"JIT_CACHE": "jit"}, f"JIT_CACHE=jit: {PATH_WHY}"),
+    ({"RUNS_DIR": "runs\tnow"}, "RUNS_DIR=runs\tnow: accepted: a directory (relative to the repository, or absolute)"),
+    ({"MEM_GUARD": "on"}, "MEM_GUARD=on: accepted: 0 | 1"),
+    ({"MEM_SAMPLES_PER_SECOND": "50"}, f"MEM_SAMPLES_PER_SECOND=50: {INT} 1..20"),
+    ({"MEM_FLOOR_LOAD_GIB": "10.5"}, f"MEM_FLOOR_LOAD_GIB=10.5: {FLOOR_WHY}"),
+    ({"MEM_FLOOR_PROFILE_GIB": "-1"}, f"MEM_FLOOR_PROFILE_GIB=-1: {FLOOR_WHY}"),
+    ({"MEM_FLOOR_KV_READY_GIB": "2000"}, f"MEM_FLOOR_KV_READY_GIB=2000: {FLOOR_WHY}"),
+    ({"MEM_FLOOR_SERVING_GIB": "x"}, f"MEM_FLOOR_SERVING_GIB=x: {FLOOR_WHY}"),
+    ({"NODES": "head-node 192.0.2.2"},
+     ("NODES=head-node 192.0.2.2: 'head-node' is a name; with two or more nodes each entry is "
+      "that node's address on the link (it becomes VLLM_HOST_IP and --master-addr); accepted: "
+      "IPv4 or IPv6 addresses")),
+    ({"NODES": "192.0.2.1 192.0.2.256"},
+     ("NODES=192.0.2.1 192.0.2.256: '192.0.2.256' is a name; with two or more nodes each entry is "
+      "that node's address on the link (it becomes VLLM_HOST_IP and --master-addr); accepted: "
+      "IPv4 or IPv6 addresses")),
     ({"IMAGE": "vllm/vllm-openai:glm53-flash-arm64-cu130"},
      f"IMAGE=vllm/vllm-openai:glm53-flash-arm64-cu130: {STOCK_WHY}"),
     ({"IMAGE": "docker.io/vllm/vllm-openai:latest"},
@@ -94,10 +181,18 @@ REFUSALS = [
     ({"EXTRA_ARGS": "--served-model-name 'glm"}, f"EXTRA_ARGS=--served-model-name 'glm: {WORDS_WHY}"),
     ({"EXTRA_ARGS": "--kv-cache-memory 5000000000"},
      ("EXTRA_ARGS=--kv-cache-memory 5000000000: --kv-cache-memory would override "
-      "--kv-cache-memory-bytes, which the launcher sets from its knobs; accepted: other vllm serve flags")),
+      "--kv-cache-memory-bytes, which the launcher sets: set from KV_CACHE_MEMORY_BYTES; set that instead")),
     ({"EXTRA_ARGS": "--max-model-len=1000000"},
      ("EXTRA_ARGS=--max-model-len=1000000: --max-model-len would override --max-model-len, which "
-      "the launcher sets from its knobs; accepted: other vllm serve flags")),
+      "the launcher sets: set from MAX_MODEL_LEN; set that instead")),
+    ({"EXTRA_ARGS": """--override-generation-config '{"temperature": 0.6}'"""},
+     ("""EXTRA_ARGS=--override-generation-config '{"temperature": 0.6}': --override-generation-config """
+      "would override --override-generation-config, which the launcher sets: set from "
+      "MAX_NEW_TOKENS and GENERATION_CONFIG; set that instead")),
+    ({"EXTRA_ARGS": "--no-trust-remote-code"},
+     ("EXTRA_ARGS=--no-trust-remote-code: --no-trust-remote-code would override "
+      "--trust-remote-code, which the launcher sets: a fixed part of the seed's verified run "
+      "(README, launcher section)")),
     ({"SSH": "ssh -o 'BatchMode=yes"}, f"SSH=ssh -o 'BatchMode=yes: {WORDS_WHY}"),
     ({"SSH": "''"}, "SSH='': accepted: a remote-exec command such as ssh -o BatchMode=yes"),
     ({"DOCKER_ARGS": '--gpus "all'}, f'DOCKER_ARGS=--gpus "all: {WORDS_WHY}'),
@@ -133,6 +228,13 @@ def test_forcing_lifts_the_context_and_kv_bounds(tmp_path):
     assert "--kv-cache-memory-bytes 5368709120" in result.stdout
 
 
+def test_forcing_lifts_the_backend_rule(tmp_path):
+    result = run(tmp_path, MOE_BACKEND="flashinfer_cutlass", FORCE_UNSAFE_MOE=1,
+                 LINEAR_BACKEND="flashinfer_cutlass", FORCE_UNSAFE_LINEAR=1)
+    assert result.returncode == 0, result.stderr
+    assert "--moe-backend flashinfer_cutlass --linear-backend flashinfer_cutlass" in result.stdout
+
+
 def test_forcing_a_stock_image_is_allowed(tmp_path):
     result = run(tmp_path, IMAGE="vllm/vllm-openai:latest", FORCE_STOCK_IMAGE=1)
     assert result.returncode == 0, result.stderr
@@ -158,9 +260,9 @@ def test_cluster_env_line_that_is_not_a_setting_is_refused(tmp_path):
 
 
 def test_a_corrupt_pins_file_is_refused(tmp_path):
-    (tmp_path / "pins.env").write_text("incoai/GLM-5.3-Flash-DFlash2 main\n")
-    result = run(tmp_path)
+    (tmp_path / "pins.env").write_text("someone/other-checkpoint main\n")
+    result = run(tmp_path, MODEL="someone/other-checkpoint")
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr == (
-        f"refused: PINS_FILE={tmp_path / 'pins.env'}: line 1 reads 'incoai/GLM-5.3-Flash-DFlash2 "
+        f"refused: PINS_FILE={tmp_path / 'pins.env'}: line 1 reads 'someone/other-checkpoint "
         "main'; accepted: lines '<repo id> <40-hex commit>'\n")

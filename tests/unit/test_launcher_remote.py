@@ -45,7 +45,8 @@ def test_quote_words_round_trips_through_python_shlex(value):
 
 def test_scripts_are_shellcheck_clean():
     shellcheck = shutil.which("shellcheck") or "/tmp/venv/bin/shellcheck"
-    scripts = [REPO / "run.sh", REPO / "stop.sh", REPO / "tests" / "fakes" / "fake-ssh",
+    scripts = [REPO / "run.sh", REPO / "stop.sh", REPO / "scripts" / "doctor",
+               REPO / "tests" / "fakes" / "fake-ssh",
                *sorted((REPO / "launcher" / "lib").glob("*.sh"))]
     result = subprocess.run([shellcheck, "--external-sources", *map(str, scripts)],
                             cwd=REPO, capture_output=True, text=True, timeout=120, check=False)

@@ -18,7 +18,8 @@ DRAFTER_PIN = "89abcdef0123456789abcdef0123456789abcdef"
 HOME = "/home/user"
 # The tools the launcher needs in DRY_RUN; a PATH of only these keeps output independent
 # of what the machine has installed (pv, docker, curl).
-_TOOLS = ("bash", "dirname", "cksum", "sh", "mkdir", "sleep", "cat")
+_TOOLS = ("bash", "dirname", "cksum", "sh", "mkdir", "sleep", "cat", "date", "mktemp", "rm",
+          "mkfifo", "grep", "awk")
 
 
 def sealed_bin(tmp_path):

@@ -21,7 +21,7 @@ from tests.unit.test_launcher_support import (
     vllm_argv,
 )
 
-MODEL = "nvidia/GLM-5.3-Flash-FP4-Local"
+MODEL = "LibertAIDAI/GLM-5.3-Flash-NVFP4"
 PINNED = {"MODEL_REVISION": MODEL_PIN, "DRAFTER_REVISION": DRAFTER_PIN}
 INCOAI_DIR = f"/root/.cache/huggingface/glm53-drafters/incoai-{DRAFTER_PIN}"
 G_DIR = f"/root/.cache/huggingface/glm53-drafters/dflash2-g-{DRAFTER_PIN}"
@@ -50,11 +50,16 @@ vllm.platforms._current_platform = CpuPlatform()
 from vllm.entrypoints.cli.serve import ServeSubcommand
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-FIELDS = ("model_tag", "revision", "port", "tensor_parallel_size", "max_model_len",
+from vllm.entrypoints.launchers.cli_args import validate_parsed_serve_args
+
+FIELDS = ("model_tag", "revision", "host", "port", "tensor_parallel_size", "max_model_len",
           "max_num_seqs", "kv_cache_dtype", "kv_cache_memory_bytes", "block_size",
-          "speculative_config", "enforce_eager", "nnodes", "node_rank", "master_addr",
-          "master_port", "distributed_executor_backend", "headless", "served_model_name",
-          "override_generation_config")
+          "gpu_memory_utilization", "moe_backend", "linear_backend", "speculative_config",
+          "enforce_eager", "nnodes", "node_rank", "master_addr", "master_port",
+          "distributed_executor_backend", "headless", "served_model_name",
+          "override_generation_config", "tool_call_parser", "enable_auto_tool_choice",
+          "reasoning_parser", "default_chat_template_kwargs", "trust_remote_code",
+          "mm_processor_cache_gb", "root_path")
 
 def capture_sizes(config):
     if config is None:
@@ -69,8 +74,12 @@ for argv in json.load(sys.stdin):
     ServeSubcommand().subparser_init(parser.add_subparsers())
     try:
         args = parser.parse_args(argv)
+        validate_parsed_serve_args(args)
     except SystemExit as exit_:
         results.append({"error": exit_.code})
+        continue
+    except (TypeError, ValueError) as error:
+        results.append({"error": str(error)})
         continue
     parsed = {field: getattr(args, field) for field in FIELDS}
     parsed["cudagraph_capture_sizes"] = capture_sizes(args.compilation_config)
@@ -84,7 +93,11 @@ def literal_values(literal):
     return values
 
 from vllm.config.speculative import SpeculativeMethod
-results.append({"methods": literal_values(SpeculativeMethod)})
+from vllm.reasoning import ReasoningParserManager
+from vllm.tool_parsers import ToolParserManager
+results.append({"methods": literal_values(SpeculativeMethod),
+                "tool_parsers": ToolParserManager.list_registered(),
+                "reasoning_parsers": ReasoningParserManager.list_registered()})
 print(json.dumps(results, default=str))
 """
 
@@ -98,15 +111,26 @@ SCENARIOS = {
     "4-nodes": ({}, 4),
     "dflash2-g": ({"DRAFTER": "dflash2-g"}, 2),
     "block-64-tp4": ({"BLOCK_SIZE": 64, "TP": 4}, 2),
-    "extra-args": ({"EXTRA_ARGS": """--served-model-name "glm 5.3" """
-                                  """--override-generation-config '{"temperature": 0.6, "note": "it'\\''s"}'"""}, 2),
+    "chat-knobs": ({"THINKING": 1, "MAX_NEW_TOKENS": 4096, "SERVED_MODEL_NAME": "glm",
+                    "GENERATION_CONFIG": '''{"temperature": 0.6, "note": "it's"}''',
+                    "EXTRA_ARGS": """--root-path "/it's glm" """}, 2),
+    "forced-backends": ({"MOE_BACKEND": "flashinfer_cutlass", "FORCE_UNSAFE_MOE": 1,
+                         "LINEAR_BACKEND": "auto", "FORCE_UNSAFE_LINEAR": 1}, 2),
+    "none-optional": ({"TOOL_CALL_PARSER": "none", "REASONING_PARSER": "none",
+                       "SERVED_MODEL_NAME": "none", "MM_PROCESSOR_CACHE_GB": "none",
+                       "MAX_NEW_TOKENS": "none", "BLOCK_SIZE": "none"}, 2),
 }
 
 BASE = {"model_tag": MODEL, "revision": MODEL_PIN, "max_model_len": 327680,
         "max_num_seqs": 4, "kv_cache_dtype": "fp8_e4m3", "kv_cache_memory_bytes": 4445787956,
-        "block_size": None, "enforce_eager": False, "cudagraph_capture_sizes": [1, 2, 4, 6, 12, 18, 24],
+        "block_size": 2304, "gpu_memory_utilization": 0.85, "moe_backend": "marlin",
+        "linear_backend": "marlin", "enforce_eager": False,
+        "cudagraph_capture_sizes": [1, 2, 4, 6, 12, 18, 24],
         "speculative_config": {"method": "dflash", "model": INCOAI_DIR, "num_speculative_tokens": 5},
-        "served_model_name": None, "override_generation_config": {}}
+        "served_model_name": ["glm-5.3-flash"], "override_generation_config": {"max_new_tokens": 65536},
+        "tool_call_parser": "glm47", "enable_auto_tool_choice": True, "reasoning_parser": "glm45",
+        "default_chat_template_kwargs": {"enable_thinking": False}, "trust_remote_code": True,
+        "mm_processor_cache_gb": 1.0, "root_path": None}
 
 CHANGES = {
     "defaults": {},
@@ -122,8 +146,16 @@ CHANGES = {
     "dflash2-g": {"speculative_config": {"method": "dflash", "model": G_DIR,
                                          "num_speculative_tokens": 5}},
     "block-64-tp4": {"block_size": 64},
-    "extra-args": {"served_model_name": ["glm 5.3"],
-                   "override_generation_config": {"temperature": 0.6, "note": "it's"}},
+    "chat-knobs": {"served_model_name": ["glm"],
+                   "default_chat_template_kwargs": {"enable_thinking": True},
+                   "override_generation_config": {"max_new_tokens": 4096, "temperature": 0.6,
+                                                  "note": "it's"},
+                   "root_path": "/it's glm"},
+    "forced-backends": {"moe_backend": "flashinfer_cutlass", "linear_backend": "auto"},
+    "none-optional": {"tool_call_parser": None, "enable_auto_tool_choice": False,
+                      "reasoning_parser": "", "served_model_name": None,
+                      "mm_processor_cache_gb": 4.0, "override_generation_config": {},
+                      "block_size": None},
 }
 
 
@@ -131,6 +163,7 @@ def intended(scenario, rank, nodes):
     expected = {**BASE, **CHANGES[scenario]}
     expected["tensor_parallel_size"] = 4 if scenario == "block-64-tp4" else nodes
     expected["port"] = 8000  # rank 0 sets it; the rest keep vLLM's default, also 8000
+    expected["host"] = "0.0.0.0" if rank == 0 else None
     expected.update(nnodes=nodes, node_rank=rank, master_addr=NODES[0], master_port=29501,
                     distributed_executor_backend="mp", headless=rank > 0)
     return expected
@@ -146,15 +179,16 @@ def parsed(tmp_path_factory):
         for rank, (_, docker_argv) in sorted(serve_commands(stdout).items()):
             argvs.append(vllm_argv(docker_argv))
             keys.append((scenario, rank))
-    argvs.append(["serve", MODEL, "--no-such-flag"])  # control: the parser does refuse
+    # Controls: the parser does refuse an unknown flag and a backend it does not have.
+    argvs.append(["serve", MODEL, "--no-such-flag"])
+    argvs.append(["serve", MODEL, "--moe-backend", "no_such_backend"])
     result = subprocess.run([sys.executable, "-c", PARSE_PROBE], input=json.dumps(argvs),
                             capture_output=True, text=True, timeout=600, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads(result.stdout.splitlines()[-1])
-    methods = results.pop()["methods"]
-    assert results[-1] == {"error": 2}
-    table = {"methods": methods}
-    for (scenario, rank), values in zip(keys, results[:-1]):
+    table = results.pop()
+    assert results[-2:] == [{"error": 2}, {"error": 2}]
+    for (scenario, rank), values in zip(keys, results[:-2]):
         table.setdefault(scenario, {})[rank] = values
     return table
 
@@ -174,3 +208,8 @@ def test_speculative_methods_are_ones_vllm_0_30_0_accepts(parsed):
     used = {values["speculative_config"]["method"] for scenario in SCENARIOS
             for values in parsed[scenario].values() if values["speculative_config"]}
     assert used == {"dflash", "mtp"}
+
+
+def test_the_glm_parsers_are_registered_in_vllm_0_30_0(parsed):
+    assert "glm47" in parsed["tool_parsers"]
+    assert "glm45" in parsed["reasoning_parsers"]

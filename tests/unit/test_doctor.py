@@ -1,0 +1,159 @@
+"""scripts/doctor against the fake cluster: each state, its findings and its exit code.
+
+The ranks are started by a real run.sh against tests/fakes/fake-docker (two "nodes", the
+worker through fake-ssh); the doctor's curl prints the model list a test plants.
+"""
+
+import json
+import stat
+
+import pytest
+
+from tests.unit.test_launcher_lifecycle import (
+    HEAD,
+    IMAGE_ID,
+    WORKER,
+    containers,
+    make_cluster,
+    serve,
+)
+from tests.unit.test_launcher_support import FAKE_SSH, run, sealed_bin
+
+MODELS = {"object": "list", "data": [{"id": "glm-5.3-flash", "object": "model",
+                                      "max_model_len": 327680}]}
+DOCTOR_CURL = """#!/bin/sh
+# Prints the planted model list when there is one; otherwise "connection refused" (exit 7).
+[ -f "$FAKE_DOCKER_STATE/models.json" ] || exit 7
+cat "$FAKE_DOCKER_STATE/models.json"
+"""
+
+
+@pytest.fixture(scope="module")
+def started_cluster(tmp_path_factory):
+    """The node state files of one fake cluster run.sh started (both ranks running)."""
+    tmp_path = tmp_path_factory.mktemp("started")
+    state = make_cluster(tmp_path)
+    started = serve(tmp_path, state, FAKE_CURL_READY_AFTER=1)
+    assert started.returncode == 0, started.stderr
+    return {node: (state / f"{node}.json").read_text() for node in ("head", WORKER)}
+
+
+@pytest.fixture
+def cluster(tmp_path, started_cluster):
+    """A copy of the started cluster for one test; returns its state directory."""
+    state = make_cluster(tmp_path)
+    for node, text in started_cluster.items():
+        (state / f"{node}.json").write_text(text)
+    curl = sealed_bin(tmp_path) / "curl"
+    curl.unlink()
+    curl.write_text(DOCTOR_CURL)
+    curl.chmod(curl.stat().st_mode | stat.S_IXUSR)
+    return state
+
+
+def doctor(tmp_path, state, models=MODELS, **settings):
+    if models is not None:
+        (state / "models.json").write_text(json.dumps(models))
+    settings = {"DRY_RUN": 0, "SSH": str(FAKE_SSH), "FAKE_DOCKER_STATE": state, **settings}
+    return run(tmp_path, script="scripts/doctor", **settings)
+
+
+def edit_container(state, node, name, **fields):
+    path = state / f"{node}.json"
+    node_state = json.loads(path.read_text())
+    node_state["containers"][name].update(fields)
+    path.write_text(json.dumps(node_state))
+
+
+SHORT_ID = "1" * 12
+RANK_LINES = [
+    f"doctor: {HEAD} (head): glm53-rank0 running, image {SHORT_ID}, speculative method=dflash, k=5",
+    f"doctor: {WORKER} (worker 1): glm53-rank1 running, image {SHORT_ID}, speculative method=dflash, k=5",
+]
+
+
+def test_ready(tmp_path, cluster):
+    result = doctor(tmp_path, cluster)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == RANK_LINES + [
+        "doctor: API http://127.0.0.1:8000/v1/models answers: model glm-5.3-flash, max_model_len 327680",
+        "doctor: state ready (exit 0)"]
+
+
+def test_loading_while_the_api_does_not_answer(tmp_path, cluster):
+    result = doctor(tmp_path, cluster, models=None)
+    assert result.returncode == 4
+    assert result.stdout.splitlines()[-2:] == [
+        "doctor: API http://127.0.0.1:8000/v1/models does not answer (yet: a GB10 boot takes 15-21 minutes)",
+        "doctor: state loading (exit 4)"]
+
+
+def test_a_worker_stopped_is_down(tmp_path, cluster):
+    edit_container(cluster, WORKER, "glm53-rank1", status="exited")
+    result = doctor(tmp_path, cluster)
+    assert result.returncode == 6
+    assert result.stdout.splitlines()[1:] == [
+        f"doctor: {WORKER} (worker 1): glm53-rank1 is exited (image {SHORT_ID}); ./stop.sh, then ./run.sh",
+        "doctor: state down (exit 6)"]
+
+
+def test_an_unreachable_worker_is_down(tmp_path, cluster):
+    unreachable = tmp_path / "unreachable-ssh"
+    unreachable.write_text("#!/bin/sh\nexit 255\n")
+    unreachable.chmod(0o755)
+    result = doctor(tmp_path, cluster, SSH=unreachable)
+    assert result.returncode == 6
+    assert f"doctor: {WORKER} (worker 1): cannot reach it over SSH ({unreachable})" in result.stdout
+
+
+def test_a_worker_on_another_image_is_a_mismatch(tmp_path, cluster):
+    other = "sha256:" + "2" * 64
+    edit_container(cluster, WORKER, "glm53-rank1", image_id=other)
+    result = doctor(tmp_path, cluster)
+    assert result.returncode == 5
+    assert result.stdout.splitlines()[-2:] == [
+        f"doctor: {WORKER} (worker 1): image {other} differs from the head's {IMAGE_ID}; "
+        "./stop.sh, docker rmi glm53-sm121-v11 there, ./run.sh streams the head's",
+        "doctor: state mismatch (exit 5)"]
+
+
+def test_settings_other_than_the_running_ones_are_a_mismatch(tmp_path, cluster):
+    result = doctor(tmp_path, cluster, NUM_SPECULATIVE_TOKENS=7, MAX_MODEL_LEN=200000,
+                    models={"data": [{"id": "glm-5.3-flash", "max_model_len": 327680}]})
+    assert result.returncode == 5
+    assert (f"doctor: {HEAD} (head): glm53-rank0 runs speculative method=dflash k=5, the settings "
+            "say method=dflash k=7 (SPEC, NUM_SPECULATIVE_TOKENS); restart with the settings it "
+            "should have") in result.stdout
+    served = doctor(tmp_path, cluster, MAX_MODEL_LEN=200000)
+    assert served.returncode == 5
+    assert ("doctor: API max_model_len is 327680, the settings say 200000 (MAX_MODEL_LEN)"
+            in served.stdout)
+
+
+def test_missing_when_no_rank_container_exists(tmp_path, cluster):
+    for node in ("head", WORKER):
+        path = cluster / f"{node}.json"
+        node_state = json.loads(path.read_text())
+        node_state["containers"] = {}
+        path.write_text(json.dumps(node_state))
+    result = doctor(tmp_path, cluster)
+    assert result.returncode == 3
+    assert result.stdout.splitlines() == [
+        f"doctor: {HEAD} (head): no glm53-rank0 container",
+        f"doctor: {WORKER} (worker 1): no glm53-rank1 container",
+        "doctor: no rank container on any node; ./run.sh starts them",
+        "doctor: state missing (exit 3)"]
+
+
+def test_the_doctor_changes_nothing(tmp_path, cluster):
+    before = {node: containers(cluster, node) for node in ("head", WORKER)}
+    assert doctor(tmp_path, cluster).returncode == 0
+    new_calls = [json.loads(line)["argv"][0] for line in
+                 (cluster / "calls.jsonl").read_text().splitlines()]
+    assert set(new_calls) == {"inspect", "image"}
+    after = {node: containers(cluster, node) for node in ("head", WORKER)}
+    for node in before:
+        for name in before[node]:
+            before[node][name].pop("inspects")
+            after[node][name].pop("inspects")
+    assert after == before
