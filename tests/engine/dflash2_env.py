@@ -42,7 +42,8 @@ REPO_ROOT = HERE.parents[1]
 GROUP = "engine-overlay"
 TRITON = "3.9.0"  # the interpreter the mask fix was written for
 # what the v9 layer's result depends on, besides the release it is applied to
-V9_SOURCES = [REPO_ROOT / "scripts" / "patch-layer", *sorted((REPO_ROOT / "patches" / "v9").iterdir()),
+V9_SOURCES = [REPO_ROOT / "scripts" / "patch-layer",
+              *sorted(p for p in (REPO_ROOT / "patches" / "v9").rglob("*") if p.is_file()),
               *sorted((REPO_ROOT / "recipekit").glob("*.py")),
               *sorted((REPO_ROOT / "recipekit" / "layers").glob("*.py"))]
 

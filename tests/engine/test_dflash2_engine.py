@@ -15,12 +15,13 @@ known at every position (tests/engine/dflash2_models.py), through Triton's inter
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from tests.engine import dflash2_models
-from tests.engine.engine_client import greedy_ids, spec_counters
 from tests.engine.dflash2_env import Overlay, dflash2_overlay
+from tests.engine.engine_client import greedy_ids, spec_counters
 from tests.engine.engine_env import engine_venv
 from tests.engine.engine_server import EngineServer, start_all
 
@@ -37,8 +38,11 @@ IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 @pytest.fixture(scope="module")
 def overlays() -> dict[str, Overlay]:
     venv = engine_venv()
-    return {"0.28.0": dflash2_overlay(venv, "0.28.0"),
-            "0.27.1+v9": dflash2_overlay(venv, "0.27.1", v9=True)}
+    # built side by side: each is mostly pip unpacking and one interpreter importing vLLM
+    with ThreadPoolExecutor(2) as pool:
+        builds = {"0.28.0": pool.submit(dflash2_overlay, venv, "0.28.0"),
+                  "0.27.1+v9": pool.submit(dflash2_overlay, venv, "0.27.1", v9=True)}
+        return {label: build.result() for label, build in builds.items()}
 
 
 @pytest.fixture(scope="module")
