@@ -63,7 +63,7 @@ def ensure_has_triton_under_interpreter(path: Path) -> str:
                          f"`if HAS_TRITON:`, found {len(assigned)} and {len(gates)}; the file "
                          f"moved, re-check the fix")
     fix = cst.parse_statement(
-        "# TRITON_INTERPRET=1 runs Triton kernels on numpy: no GPU or triton-cpu needed\n"
+        "\n# TRITON_INTERPRET=1 runs Triton kernels on numpy: no GPU or triton-cpu needed\n"
         f"if {INTERPRET_GUARD}:\n"
         '    HAS_TRITON = find_spec("triton") is not None\n')
     body = list(module.body)
