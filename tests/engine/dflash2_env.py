@@ -189,9 +189,12 @@ def _build(out: Path, venv: EngineVenv, version: str, v9: bool) -> None:
     smoke = json.loads(_run(venv, out, _SMOKE, "importing DFlash2"))
     expected = {"vllm": version, "triton": TRITON, "has_triton": True, "dflash2": True}
     wrong = {k: smoke[k] for k in expected if smoke[k] != expected[k]}
-    if wrong or not smoke["vllm_file"].startswith(str(out)) \
-            or not smoke["triton_file"].startswith(str(out)):
-        raise EngineEnvError(f"{out}: the overlay does not import as built: {smoke}")
+    for name in ("vllm_file", "triton_file"):
+        if not smoke[name].startswith(f"{out}/"):
+            wrong[name] = smoke[name]
+        smoke[name] = smoke[name].removeprefix(f"{out}/")
+    if wrong:
+        raise EngineEnvError(f"{out}: the overlay does not import as built: {wrong}")
     (out / "overlay.json").write_text(json.dumps(
         {"added_requirements": extra, "fixes": notes, "smoke": smoke}, indent=1))
 
