@@ -17,6 +17,14 @@ from pathlib import Path
 from recipekit.vllm_sources import cache_root
 
 COMPLETE = ".complete"
+# where the engine tier keeps its venvs, models and compile caches (default: the recipe
+# cache); a fresh directory here measures a cold engine tier without touching other tiers
+ENGINE_CACHE_ENV = "GLM53_ENGINE_CACHE"
+
+
+def engine_cache_root() -> Path:
+    override = os.environ.get(ENGINE_CACHE_ENV)
+    return Path(override) if override else cache_root()
 
 
 def content_key(*parts: str | bytes | Path, length: int = 12) -> str:
@@ -62,7 +70,7 @@ def cached_dir(group: str, name: str, build: Callable[[Path], None], *,
     Callers in other processes wait on the lock; a failed build leaves nothing that
     looks complete. With in_place the directory is built where it stays.
     """
-    target = cache_root() / group / name
+    target = engine_cache_root() / group / name
     if (target / COMPLETE).is_file():
         return target
     with exclusive(target.parent / f".{name}.lock"):

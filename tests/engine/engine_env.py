@@ -26,8 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from recipekit.vllm_sources import cache_root
-from tests.engine.cache import cached_dir, content_key, progress
+from tests.engine.cache import cached_dir, content_key, engine_cache_root, progress
 
 HERE = Path(__file__).resolve().parent
 LOCKS = HERE / "locks"
@@ -78,7 +77,7 @@ class EngineVenv:
 
     def compile_cache(self) -> Path:
         """torch.compile / vLLM caches for this venv, kept in the recipe cache between runs."""
-        path = cache_root() / "engine-compile" / self.path.name
+        path = engine_cache_root() / "engine-compile" / self.path.name
         path.mkdir(parents=True, exist_ok=True)
         return path
 

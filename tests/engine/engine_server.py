@@ -91,16 +91,13 @@ class EngineServer:
         log.flush()
         self.started_at = time.monotonic()
         # own session: the whole tree (API server, engine core, workers) is one group
-        self.process = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
+        command = ["nice", "-n", str(self.niceness), *self.argv] if self.niceness else self.argv
+        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, env=self.env,
-                                        start_new_session=True, preexec_fn=self._lower_priority)
+                                        start_new_session=True)
         log.close()
         progress(f"engine {self.name}: starting on {self.url} (log {self.log_path})")
         return self
-
-    def _lower_priority(self) -> None:
-        if self.niceness:
-            os.nice(self.niceness)
 
     def wait_ready(self) -> EngineServer:
         assert self.process is not None and self.started_at is not None, "start() first"
