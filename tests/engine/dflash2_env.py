@@ -29,8 +29,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from recipekit.vllm_sources import cache_root
-from tests.engine.cache import cached_dir, content_key, files_key, progress
+from tests.engine.cache import cached_dir, content_key, engine_cache_root, files_key, progress
 from tests.engine.engine_env import CUDA_ONLY_PACKAGES, EngineEnvError, EngineVenv
 from tests.engine.interpreter_fixes import (
     ensure_has_triton_under_interpreter,
@@ -96,7 +95,7 @@ class Overlay:
 
     def env(self) -> dict[str, str]:
         """What a server of this overlay runs with (on top of engine_server.base_env)."""
-        caches = cache_root() / "engine-compile" / self.path.name
+        caches = engine_cache_root() / "engine-compile" / self.path.name
         return {
             "PYTHONPATH": str(self.path),
             # Triton's kernels (the V2 runner's input preparation, DFlash2's selector walk)
