@@ -9,7 +9,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-_TIERS = ("unit", "vllm", "image")
+_TIERS = ("unit", "vllm", "image", "engine")
 
 
 def pytest_collection_modifyitems(items):

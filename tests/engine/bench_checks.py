@@ -1,0 +1,113 @@
+"""What a bench result must say about a real engine whose truth is known. Each check returns
+the problems it found (empty when the claim holds), so a test can assert both that a true
+claim passes and that a planted fault is caught."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.stream_client import METHOD_CONTINUOUS_USAGE
+from tests.engine.relay import RelayedStream
+
+# README (section bench): per-stream tok/s within 1% of what the server really sent
+TOK_S_TOLERANCE = 0.01
+
+
+def counter(metrics_text: str, name: str) -> float:
+    """Sum of a counter's samples (NAME_total) over label sets."""
+    total = 0.0
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if sample.name in (name, name + "_total"):
+                total += sample.value
+    return total
+
+
+def streams(doc: dict) -> list[dict]:
+    return [s for wave in doc["waves"] for s in wave["streams"]]
+
+
+def check_methods(doc: dict) -> list[str]:
+    problems = []
+    for cell in doc["cells"]:
+        where = f"{cell['phase']} c={cell['concurrency']}"
+        if cell["method"] != METHOD_CONTINUOUS_USAGE:
+            problems.append(f"{where}: method {cell['method']!r}")
+        if cell["failed_streams"] or cell["measured_streams"] != cell["streams"]:
+            problems.append(f"{where}: {cell['failed_streams']} failed: {cell['failures']}")
+    return problems
+
+
+def check_oracle(doc: dict, k: int) -> list[str]:
+    """Every draft of an oracle is accepted: length k+1, each position's rate 1.0."""
+    problems = []
+    for cell in doc["cells"]:
+        where = f"{cell['phase']} c={cell['concurrency']}"
+        counters = cell["spec_counters"] or {}
+        if cell["spec_decode"] != "measured":
+            problems.append(f"{where}: spec_decode {cell['spec_decode']!r}")
+            continue
+        if cell["acceptance_length"] != k + 1:
+            problems.append(f"{where}: acceptance length {cell['acceptance_length']} != {k + 1}")
+        if cell["per_position_acceptance"] != [1.0] * k:
+            problems.append(f"{where}: per-position {cell['per_position_acceptance']}")
+        if counters.get("draft_tokens") != k * counters.get("drafts", -1):
+            problems.append(f"{where}: {counters} is not {k} draft tokens per draft")
+    return problems
+
+
+def check_undrafted(doc: dict) -> list[str]:
+    problems = []
+    for cell in doc["cells"]:
+        where = f"{cell['phase']} c={cell['concurrency']}"
+        got = {key: cell[key] for key in ("spec_decode", "acceptance_length",
+                                          "draft_acceptance_rate", "per_position_acceptance",
+                                          "spec_counters")}
+        if got != {"spec_decode": "absent", "acceptance_length": None,
+                   "draft_acceptance_rate": None, "per_position_acceptance": None,
+                   "spec_counters": None}:
+            problems.append(f"{where}: {got}")
+    return problems
+
+
+def check_usage(doc: dict, relayed: list[RelayedStream], generated: float) -> list[str]:
+    """Each stream's completion tokens equal the final usage the server sent it, and all of
+    them (with the warm-up's) add up to the engine's own vllm:generation_tokens counter."""
+    problems = []
+    seen = {s.prefix.split("]")[0] + "]": s.figures() for s in relayed}
+    for stream in streams(doc):
+        relay = seen.get(stream["prefix"])
+        if relay is None:
+            problems.append(f"{stream['prefix']}: the relay saw no such stream")
+        elif stream["completion_tokens"] != relay["completion_tokens"]:
+            problems.append(f"{stream['prefix']}: bench {stream['completion_tokens']} completion "
+                            f"tokens, server's usage {relay['completion_tokens']}")
+    warmup = sum(f["completion_tokens"] or 0 for p, f in seen.items() if " warmup " in p)
+    counted = sum(s["completion_tokens"] or 0 for s in streams(doc)) + warmup
+    if counted != generated:
+        problems.append(f"streams' completion tokens plus warm-up ({counted}) != the engine's "
+                        f"vllm:generation_tokens growth ({generated:g})")
+    return problems
+
+
+def check_against_relay(doc: dict, relayed: list[RelayedStream],
+                        tolerance: float = TOK_S_TOLERANCE) -> list[str]:
+    """Per stream: the same decode tokens as the second client counted, and tok/s within
+    the tolerance of the rate from the second client's own timestamps."""
+    problems = []
+    seen = {s.prefix.split("]")[0] + "]": s.figures() for s in relayed}
+    for stream in streams(doc):
+        relay = seen.get(stream["prefix"])
+        if relay is None:
+            problems.append(f"{stream['prefix']}: the relay saw no such stream")
+            continue
+        if not relay["every_chunk_has_usage"]:
+            problems.append(f"{stream['prefix']}: the server sent a chunk without usage")
+        if stream["decode_tokens"] != relay["decode_tokens"]:
+            problems.append(f"{stream['prefix']}: bench {stream['decode_tokens']} decode tokens, "
+                            f"second client {relay['decode_tokens']}")
+        error = abs(stream["tok_s"] - relay["tok_s"]) / relay["tok_s"]
+        if error > tolerance:
+            problems.append(f"{stream['prefix']}: bench {stream['tok_s']:.2f} tok/s, second "
+                            f"client {relay['tok_s']:.2f} ({error:.2%} > {tolerance:.0%})")
+    return problems

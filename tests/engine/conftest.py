@@ -1,0 +1,176 @@
+"""Fixtures of the engine tier: the engine venv, the tiny models, and a fleet of real vLLM
+servers shared by the whole session.
+
+The fleet starts every server the collected tests ask for (fixtures named `server_*`) at
+once, on the first request for any of them, and stops them all at the end of the session.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.engine import tiny_models
+from tests.engine.engine_env import EngineVenv, engine_venv
+from tests.engine.engine_server import EngineServer
+
+# engines yield the CPU to the bench and the relay that time their streams: on 2 cores a
+# busy engine otherwise delays a reader by tens of ms (measured: up to 35% off per stream
+# over a 0.6 s decode at nice 0, within 0.5% at nice 10 but for one 160 ms stall)
+ENGINE_NICENESS = 19
+# drafts per step of the drafted servers
+K = 4
+TINY_CONTEXT = 4096
+# what every tier server gets: a small context and KV pool, float32 (drafter and verifier
+# agree exactly), eager (torch.compile costs 25-85 s a start here and the launcher test
+# covers it), room for the bench's 4 streams plus warm-up, and 32-token blocks (the CPU
+# kernel's smallest; the default 128 would leave a receipt's short turns without a full
+# block to serve from the prefix cache)
+TINY_SERVE_ARGS = ["--max-model-len", str(TINY_CONTEXT), "--dtype", "float32",
+                   "--enforce-eager", "--kv-cache-memory-bytes", str(256 << 20),
+                   "--max-num-seqs", "8", "--block-size", "32"]
+
+
+@dataclass(frozen=True)
+class TinyModels:
+    tokenizer: Path
+    target: Path
+    other: Path
+    random_drafter: Path
+    blind_drafter: Path
+    blind_to: frozenset[int]
+
+    def oracle_drafter(self) -> Path:
+        return tiny_models.oracle_drafter_dir()  # the target itself
+
+
+def blind_token_set(vocab_size: int) -> tuple[int, ...]:
+    """The blind drafter cannot name every third token id: it is wrong wherever the target's
+    next token is one of them (about a third of positions in its varied output)."""
+    return tuple(range(0, vocab_size, 3))
+
+
+@pytest.fixture(scope="session")
+def models() -> TinyModels:
+    target = tiny_models.target_dir()
+    vocab_size = json.loads((target / "config.json").read_text())["vocab_size"]
+    blind = blind_token_set(vocab_size)
+    return TinyModels(tokenizer=tiny_models.tokenizer_dir(), target=target,
+                      other=tiny_models.other_target_dir(),
+                      random_drafter=tiny_models.random_drafter_dir(),
+                      blind_drafter=tiny_models.blind_drafter_dir(blind),
+                      blind_to=frozenset(blind))
+
+
+@pytest.fixture(scope="session")
+def engine() -> EngineVenv:
+    return engine_venv()
+
+
+def draft_model_args(drafter: Path, k: int = K) -> list[str]:
+    return ["--speculative-config", json.dumps(
+        {"method": "draft_model", "model": str(drafter), "num_speculative_tokens": k})]
+
+
+def server_specs(models: TinyModels) -> dict[str, tuple[Path, list[str], str]]:
+    """name -> (model, extra args, served model name)."""
+    return {
+        # the probes' tool calls go through vLLM's hermes parser (our template's tags)
+        "plain": (models.target, ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"],
+                  "tiny-target"),
+        "oracle": (models.target, draft_model_args(models.oracle_drafter()), "tiny-target"),
+        "blind": (models.target, draft_model_args(models.blind_drafter), "tiny-target"),
+        "other": (models.other, [], "tiny-other"),
+    }
+
+
+class Fleet:
+    """Servers by name: those the session's tests ask for start together on first use (a
+    name no test declared starts when asked); `stop_all` stops every one."""
+
+    def __init__(self, venv: EngineVenv, models: TinyModels, wanted: set[str], log_dir: Path):
+        self.venv, self.log_dir = venv, log_dir
+        self.specs = server_specs(models)
+        self.wanted = wanted & set(self.specs)
+        self.servers: dict[str, EngineServer] = {}
+        self.ready: set[str] = set()
+
+    def _server(self, name: str) -> EngineServer:
+        if name not in self.servers:
+            model, args, served = self.specs[name]
+            self.servers[name] = EngineServer(
+                self.venv, model, [*TINY_SERVE_ARGS, "--served-model-name", served, *args],
+                name=name, log_dir=self.log_dir, niceness=ENGINE_NICENESS).start()
+        return self.servers[name]
+
+    def get(self, name: str) -> EngineServer:
+        if name not in self.specs:
+            raise ValueError(f"no server spec {name!r}; known: {sorted(self.specs)}")
+        for other in sorted(self.wanted | {name}):
+            self._server(other)
+        server = self.servers[name]
+        if name not in self.ready:
+            try:
+                server.wait_ready()
+            except Exception:
+                self.stop_all()
+                raise
+            self.ready.add(name)
+        return server
+
+    def stop_all(self) -> None:
+        for server in self.servers.values():
+            server.stop()
+
+
+def pytest_collection_finish(session):
+    """The servers the collected tests use: fixtures `server_NAME`, and `server` given NAME
+    by indirect parametrisation."""
+    wanted = set()
+    for item in session.items:
+        wanted |= {name.removeprefix("server_") for name in getattr(item, "fixturenames", ())
+                   if name.startswith("server_")}
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and "server" in callspec.params:
+            wanted.add(callspec.params["server"])
+    session.config.stash[WANTED] = wanted
+
+
+WANTED = pytest.StashKey[set]()
+
+
+@pytest.fixture(scope="session")
+def fleet(request, engine, models, tmp_path_factory):
+    wanted = request.config.stash.get(WANTED, set())
+    fleet = Fleet(engine, models, wanted, tmp_path_factory.mktemp("engine-logs"))
+    yield fleet
+    fleet.stop_all()
+
+
+@pytest.fixture
+def server(request, fleet) -> EngineServer:
+    """The server named by indirect parametrisation: parametrize("server", [...], indirect=True)."""
+    return fleet.get(request.param)
+
+
+@pytest.fixture(scope="session")
+def server_plain(fleet) -> EngineServer:
+    return fleet.get("plain")
+
+
+@pytest.fixture(scope="session")
+def server_oracle(fleet) -> EngineServer:
+    return fleet.get("oracle")
+
+
+@pytest.fixture(scope="session")
+def server_blind(fleet) -> EngineServer:
+    return fleet.get("blind")
+
+
+@pytest.fixture(scope="session")
+def server_other(fleet) -> EngineServer:
+    return fleet.get("other")

@@ -1,0 +1,146 @@
+"""Two fixes that let vLLM's V2 model runner (which DFlash2 needs) run on CPU with PyPI's
+`triton` in interpreter mode (TRITON_INTERPRET=1), found by shape with LibCST.
+
+- `vllm/triton_utils/importing.py`: vLLM on CPU turns Triton off unless Triton has a CPU
+  backend (triton-cpu, which is not on PyPI); the interpreter runs the kernels on numpy,
+  so when TRITON_INTERPRET=1 the module's HAS_TRITON is set from triton being importable.
+- `triton/runtime/interpreter.py` (Triton 3.9): a mask made by `&` of a block of bools and
+  a scalar bool reaches the interpreter's masked load and store as an integer array, which
+  they refuse ("mask has unsupported dtype"; DFlash2's selector walk does `mask & valid`);
+  the mask is cast to bool there.
+
+Each fix is an "ensure": `present` when the file already has it, `applied` when written
+(through a temporary file and a rename, so a hard-linked original is never changed), and
+FixRefused with one line when the shape it expects is not found exactly once.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import libcst as cst
+import libcst.matchers as m
+
+INTERPRET_GUARD = 'os.environ.get("TRITON_INTERPRET") == "1"'
+
+
+class FixRefused(RuntimeError):
+    """The file does not have the shape the fix was written for; the message says what."""
+
+
+def _write(path: Path, code: str) -> None:
+    staging = path.with_name(f".{path.name}.fix")
+    staging.write_text(code)
+    os.replace(staging, path)
+
+
+def _has_import(module: cst.Module, matcher: m.BaseMatcherNode) -> bool:
+    return any(m.matches(stmt, m.SimpleStatementLine(body=[matcher])) for stmt in module.body)
+
+
+def ensure_has_triton_under_interpreter(path: Path) -> str:
+    """After the module-level `if HAS_TRITON:` block, let TRITON_INTERPRET=1 turn it on."""
+    module = cst.parse_module(path.read_text())
+    guard = cst.parse_expression(INTERPRET_GUARD)
+    if any(isinstance(stmt, cst.If) and stmt.test.deep_equals(guard) for stmt in module.body):
+        return "present"
+    needs = {
+        "import os": m.Import(names=[m.ImportAlias(name=m.Name("os"))]),
+        "from importlib.util import find_spec": m.ImportFrom(
+            module=m.Attribute(value=m.Name("importlib"), attr=m.Name("util")),
+            names=[m.ZeroOrMore(), m.ImportAlias(name=m.Name("find_spec")), m.ZeroOrMore()]),
+    }
+    for what, matcher in needs.items():
+        if not _has_import(module, matcher):
+            raise FixRefused(f"{path}: no module-level `{what}`; the file moved, re-check the fix")
+    assigned = [stmt for stmt in module.body if m.matches(stmt, m.SimpleStatementLine(
+        body=[m.Assign(targets=[m.AssignTarget(target=m.Name("HAS_TRITON"))])]))]
+    gates = [i for i, stmt in enumerate(module.body)
+             if m.matches(stmt, m.If(test=m.Name("HAS_TRITON")))]
+    if len(assigned) != 1 or len(gates) != 1:
+        raise FixRefused(f"{path}: expected one module-level `HAS_TRITON = ...` and one "
+                         f"`if HAS_TRITON:`, found {len(assigned)} and {len(gates)}; the file "
+                         f"moved, re-check the fix")
+    fix = cst.parse_statement(
+        "\n# TRITON_INTERPRET=1 runs Triton kernels on numpy: no GPU or triton-cpu needed\n"
+        f"if {INTERPRET_GUARD}:\n"
+        '    HAS_TRITON = find_spec("triton") is not None\n')
+    body = list(module.body)
+    body.insert(gates[0] + 1, fix)
+    _write(path, module.with_changes(body=body).code)
+    return "applied"
+
+
+_MASKED_OPS = {
+    # method of InterpreterBuilder -> (callee, index of the mask argument)
+    "create_masked_load": ("load", 1),
+    "create_masked_store": ("store", 2),
+}
+
+
+class _CastMask(cst.CSTTransformer):
+    def __init__(self, method: str, callee: str, index: int) -> None:
+        self.method, self.callee, self.index = method, callee, index
+        self.inside = 0
+        self.found: list[str] = []
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        if node.name.value == self.method:
+            self.inside += 1
+
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef):
+        if original.name.value == self.method:
+            self.inside -= 1
+        return updated
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        if not self.inside or not m.matches(updated.func, m.Attribute(
+                value=m.Name("_interpreter"), attr=m.Name(self.callee))):
+            return updated
+        if len(updated.args) <= self.index:
+            self.found.append("short")
+            return updated
+        arg = updated.args[self.index].value
+        plain = m.Attribute(value=m.Name("mask"), attr=m.Name("data"))
+        cast = m.Call(func=m.Attribute(value=plain, attr=m.Name("astype")),
+                      args=[m.Arg(value=m.Name("bool"))])
+        if m.matches(arg, cast):
+            self.found.append("present")
+            return updated
+        if not m.matches(arg, plain):
+            self.found.append("other")
+            return updated
+        self.found.append("applied")
+        args = list(updated.args)
+        args[self.index] = args[self.index].with_changes(
+            value=cst.parse_expression("mask.data.astype(bool)"))
+        return updated.with_changes(args=args)
+
+
+def ensure_interpreter_bool_masks(path: Path) -> str:
+    """In InterpreterBuilder.create_masked_load/store, pass `mask.data.astype(bool)`."""
+    module = cst.parse_module(path.read_text())
+    builders = [node for node in module.body if m.matches(node, m.ClassDef(
+        name=m.Name("InterpreterBuilder")))]
+    if len(builders) != 1:
+        raise FixRefused(f"{path}: expected one class InterpreterBuilder, found "
+                         f"{len(builders)}; the file moved, re-check the fix")
+    builder = builders[0]
+    outcomes = []
+    for method, (callee, index) in _MASKED_OPS.items():
+        cast = _CastMask(method, callee, index)
+        builder = builder.visit(cast)
+        if cast.found not in (["applied"], ["present"]):
+            raise FixRefused(f"{path}: InterpreterBuilder.{method} should call "
+                             f"_interpreter.{callee}(..., mask.data, ...) once, found "
+                             f"{cast.found or 'no call'}; the file moved, re-check the fix")
+        outcomes.extend(cast.found)
+    if set(outcomes) == {"present"}:
+        return "present"
+    if "present" in outcomes:
+        raise FixRefused(f"{path}: one masked op is cast and the other not; a partly fixed "
+                         f"file is refused, reinstall triton")
+    body = [builder if node is builders[0] else node for node in module.body]
+    _write(path, module.with_changes(body=body).code)
+    return "applied"

@@ -1,0 +1,91 @@
+"""The engine tier's Triton-interpreter fixes on synthetic files of the shapes they patch:
+applied once, present after, refused with one line when the shape moved."""
+
+import pytest
+
+from tests.engine.interpreter_fixes import (
+    FixRefused,
+    ensure_has_triton_under_interpreter,
+    ensure_interpreter_bool_masks,
+)
+
+IMPORTING = '''import os
+from importlib.util import find_spec
+
+HAS_TRITON = find_spec("triton") is not None
+if HAS_TRITON:
+    try:
+        from triton.backends import backends
+        HAS_TRITON = bool(backends)
+    except ImportError:
+        HAS_TRITON = False
+
+if not HAS_TRITON:
+    print("no triton")
+'''
+
+INTERPRETER = '''class TensorHandle:
+    pass
+
+
+class InterpreterBuilder:
+    def create_masked_load(self, ptrs, mask, other, cache_policy, is_volatile):
+        ret = _interpreter.load(ptrs.data, mask.data, other.data, dtype_np)
+        return TensorHandle(ret, dtype_tt)
+
+    def create_masked_store(self, ptrs, value, mask, cache_policy):
+        return _interpreter.store(ptrs.data, value.data, mask.data)
+'''
+
+
+def _run(path, fix):
+    return fix(path), path.read_text()
+
+
+def test_has_triton_fix_applies_once_after_the_gate(tmp_path):
+    path = tmp_path / "importing.py"
+    path.write_text(IMPORTING)
+    outcome, text = _run(path, ensure_has_triton_under_interpreter)
+    assert outcome == "applied"
+    fix = 'if os.environ.get("TRITON_INTERPRET") == "1":\n    HAS_TRITON = find_spec("triton") is not None\n'
+    assert text.index("HAS_TRITON = False") < text.index(fix) < text.index("if not HAS_TRITON:")
+    assert _run(path, ensure_has_triton_under_interpreter) == ("present", text)
+    compile(text, str(path), "exec")
+
+
+@pytest.mark.parametrize("moved", [
+    IMPORTING.replace("import os\n", ""),
+    IMPORTING.replace("from importlib.util import find_spec\n", "import importlib.util\n"),
+    IMPORTING.replace("if HAS_TRITON:", "if HAS_TRITON and True:"),
+    IMPORTING + "if HAS_TRITON:\n    pass\n",
+], ids=["no-os", "no-find_spec", "gate-reshaped", "two-gates"])
+def test_has_triton_fix_refuses_a_moved_file(tmp_path, moved):
+    path = tmp_path / "importing.py"
+    path.write_text(moved)
+    with pytest.raises(FixRefused, match="importing.py"):
+        ensure_has_triton_under_interpreter(path)
+    assert path.read_text() == moved
+
+
+def test_mask_fix_applies_once(tmp_path):
+    path = tmp_path / "interpreter.py"
+    path.write_text(INTERPRETER)
+    outcome, text = _run(path, ensure_interpreter_bool_masks)
+    assert outcome == "applied"
+    assert text == INTERPRETER.replace("mask.data,", "mask.data.astype(bool),").replace(
+        "value.data, mask.data)", "value.data, mask.data.astype(bool))")
+    assert _run(path, ensure_interpreter_bool_masks) == ("present", text)
+
+
+@pytest.mark.parametrize("moved", [
+    INTERPRETER.replace("class InterpreterBuilder", "class Builder"),
+    INTERPRETER.replace("ptrs.data, mask.data, other", "ptrs.data, mask, other"),
+    INTERPRETER.replace("return _interpreter.store", "return _interp.store"),
+    INTERPRETER.replace("value.data, mask.data)", "value.data, mask.data.astype(bool))"),
+], ids=["no-builder", "load-reshaped", "store-renamed", "half-fixed"])
+def test_mask_fix_refuses_a_moved_or_half_fixed_file(tmp_path, moved):
+    path = tmp_path / "interpreter.py"
+    path.write_text(moved)
+    with pytest.raises(FixRefused, match="interpreter.py"):
+        ensure_interpreter_bool_masks(path)
+    assert path.read_text() == moved
