@@ -70,6 +70,12 @@ def run_layer(
     """Probe, apply and verify ``layer`` on the tree at ``root`` (``check``: write nothing)."""
     result = _run_layer(layer, Path(root), check, import_check)
     result.changes = layer.change_report()
+    if result.changes:
+        by_status: dict[str, list[str]] = {}
+        for finding in result.changes:
+            by_status.setdefault(finding["status"], []).append(finding["change"])
+        counts = "; ".join(f"{status}: {' '.join(ids)}" for status, ids in by_status.items())
+        result.reason = f"{result.reason} [{counts}]"
     return result
 
 

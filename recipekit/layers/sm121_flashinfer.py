@@ -50,11 +50,10 @@ def _no_flashinfer(required: bool):
 def _fp8_tile_capped(text: str):
     try:
         present, new_text = exact_patch.plan_text(MLA_HEADER, text, _FP8_TILE_DIFF.format(path=MLA_HEADER))
-    except PatchRefused as refusal:
+    except PatchRefused:
         raise Drift(
-            "the fp8 `EFF_CTA_TILE_KV = ... ? 32 : CTA_TILE_KV` line of BatchMLAPagedAttention's "
-            f"DISPATCH_SMEM_CONFIG is not there exactly once ({refusal.summary.split(': ', 1)[-1]}); "
-            f"this is not the pinned FlashInfer: {INSTALL_FIRST}"
+            "BatchMLAPagedAttention's DISPATCH_SMEM_CONFIG has no fp8 `EFF_CTA_TILE_KV = ... ? 32 : "
+            f"CTA_TILE_KV` line at exactly one place; this is not the pinned FlashInfer: {INSTALL_FIRST}"
         ) from None
     if present:
         return text, True, "the fp8 EFF_CTA_TILE_KV is already min(CTA_TILE_KV, 32)"

@@ -94,6 +94,9 @@ class Sm121Layer(Layer):
         self.findings, edits = self.survey(view)
         refused = [f for f in self.findings if f.status == "refused"]
         if refused:
+            for finding in self.findings:
+                if finding.status == "applied":  # planned, but the layer writes nothing
+                    finding.status = "not-written"
             raise PatchRefused("; ".join(f"{f.change} {f.file}: {f.detail}" for f in refused))
         if not edits:
             if any(f.status == "present" for f in self.findings):
