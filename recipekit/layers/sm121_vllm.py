@@ -35,6 +35,11 @@ KPOOL_INDEXERS = (
     "vllm/model_executor/layers/sparse_attn_indexer_kpool.py",
     "vllm/models/glm5next/nvidia/sparse_indexer.py",
 )
+# The module vLLM imports each indexer through (the import check imports that one).
+KPOOL_INDEXER_IMPORTERS = {
+    KPOOL_INDEXERS[0]: "vllm.models.glm5next.nvidia.attention",
+    KPOOL_INDEXERS[1]: "vllm.models.glm5next.sparse_indexer",
+}
 KPOOL_KERNELS = "vllm/models/glm5next/nvidia/ops/kpool_compress.py"
 GLM5NEXT = "vllm/models/glm5next/__init__.py"
 

@@ -21,7 +21,7 @@ from recipekit.layers import Layer
 from recipekit.layers.sm121_edits import Change, Drift, Finding
 from recipekit.layers.sm121_flashinfer import changes as flashinfer_changes
 from recipekit.layers.sm121_vllm import CHANGES as VLLM_CHANGES
-from recipekit.layers.sm121_vllm import CUDA
+from recipekit.layers.sm121_vllm import CUDA, KPOOL_INDEXER_IMPORTERS
 from recipekit.tree import TreeView
 
 
@@ -123,10 +123,16 @@ class Sm121Layer(Layer):
 
     def importable_modules(self, files: list[str]) -> list[str]:
         # cuda.py loads vLLM's compiled CUDA extension at import, which needs a driver that
-        # an image build does not have; the vllm tier exercises it on CPU instead.
-        return [
-            f[:-3].replace("/", ".") for f in files if f.startswith("vllm/") and f.endswith(".py") and f != CUDA
-        ]
+        # an image build does not have (the vllm tier exercises it on CPU instead); the kpool
+        # indexer is imported through the module vLLM itself imports it from (importing it
+        # first is a circular import in stock vLLM).
+        modules = []
+        for path in files:
+            if path.startswith("vllm/") and path.endswith(".py") and path != CUDA:
+                module = KPOOL_INDEXER_IMPORTERS.get(path, path[:-3].replace("/", "."))
+                if module not in modules:
+                    modules.append(module)
+        return modules
 
 
 def build(require_flashinfer: bool = False, **_: object) -> Sm121Layer:
