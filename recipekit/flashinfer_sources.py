@@ -12,7 +12,7 @@ from pathlib import Path
 from recipekit.pinned_wheels import PinnedWheel, SourceError, unpacked_tree
 
 # sha256 of flashinfer_python-VERSION-py3-none-any.whl as served by PyPI. 0.6.18 is the
-# version v8 pins (requirements/sm121.txt carries the same hash); 0.6.17 is the release
+# version v8 pins (patches/v8/packages.txt carries the same hash); 0.6.17 is the release
 # before it, which v8 must refuse.
 WHEEL_SHA256 = {
     "0.6.17": "ab7ce3aec42faf2f6079aa840c2407ac00ecd277a0524cdb708a8ff4a64dad90",

@@ -1,6 +1,6 @@
 """v8's FlashInfer changes: F1 in a CUDA header (exact context), F2 in Python (LibCST).
 
-Both targets are in ``flashinfer-python==0.6.18`` (the pin in requirements/sm121.txt); in
+Both targets are in ``flashinfer-python==0.6.18`` (the pin in patches/v8/packages.txt); in
 0.6.17 F1's code does not exist and FP8 MLA is FA3-only, so both refuse there and say
 to install the pinned version first.
 """
@@ -19,7 +19,7 @@ MLA_HEADER = "flashinfer/data/include/flashinfer/attention/mla.cuh"
 MLA_CORE = "flashinfer/mla/_core.py"
 PACKAGE = "flashinfer/__init__.py"
 PINNED = "flashinfer-python==0.6.18"
-INSTALL_FIRST = f"install the pinned {PINNED} first (requirements/sm121.txt; scripts/build.sh does)"
+INSTALL_FIRST = f"install the pinned {PINNED} first (patches/v8/packages.txt; scripts/build.sh does)"
 
 # F1: inside BatchMLAPagedAttention's DISPATCH_SMEM_CONFIG, the fp8 KV tile is capped at the
 # dispatched CTA_TILE_KV instead of forced to 32 (32 assumes Hopper's 228 KB of shared memory).
