@@ -40,7 +40,7 @@ STAMP = PYLIB / ".glm53-wheelhouse-sha256"
 TOOLKIT = ("scripts", "recipekit", "patches", "requirements", "docker", "wheelhouse", "backport")
 LAYERS = ("v8", "v9", "v10", "v11")
 OK_OUTCOMES = ("applied", "already-applied", "provided-by-base")
-BACKPORT_DIFF = RECIPE / "backport" / "dflash2.diff"
+BACKPORT_DIFFS = RECIPE / "backport"  # dflash2-SHAPE.diff; patch-layer v9 probes which applies
 # v8's packages arrive in the context beside the toolkit and are installed from there.
 SM121_WHEELHOUSE = INCOMING / "sm121-wheelhouse"
 
@@ -172,7 +172,7 @@ def run_layer(layer: str, root: Path) -> dict:
         "--json",
     ]
     if layer == "v9":
-        command += ["--diff", str(BACKPORT_DIFF)]
+        command += ["--diff", str(BACKPORT_DIFFS)]
     if layer == "v8":
         command += ["--require-flashinfer"]
     env = dict(os.environ)

@@ -8,10 +8,19 @@ so a drifting release cannot silently change what is selected. The selected grou
 are applied to the older release and the result is diffed against it, so the output
 is a genuine unified diff of the older release, byte-identical from run to run, and
 pinned by its sha256 in the manifest.
+
+Groups that depend on something a base may or may not have carry ``requires``: the
+name of a base shape, decided by probing the tree to patch (``shape_of``), never by
+its version. Shape ``logits-cache`` (vLLM's pre-temperature logits cache, in 0.28.0
+and the fork image) takes DFlash2's ``draft_logits_spec`` hook, and its diff is
+generated against the cache-carrying files of that shape (``recipekit.forkshape``);
+shape ``no-logits-cache`` (0.27.1) takes the recipe's refusal of probabilistic
+drafting instead. Each shape's diff has its own pin.
 """
 
 from __future__ import annotations
 
+import ast
 import difflib
 import hashlib
 import json
@@ -20,6 +29,10 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MANIFEST = REPO_ROOT / "patches" / "v9" / "manifest.json"
+LOGITS_CACHE = "logits-cache"
+NO_LOGITS_CACHE = "no-logits-cache"
+SHAPES = (NO_LOGITS_CACHE, LOGITS_CACHE)
+GUMBEL = "vllm/v1/worker/gpu/sample/gumbel.py"
 
 
 class BackportError(RuntimeError):
@@ -51,6 +64,30 @@ def load_manifest(path: Path = MANIFEST) -> dict:
         raise BackportError(f"{path}: cannot read the manifest: {error}") from None
 
 
+def shape_of(read_text) -> str:
+    """The base shape of a tree, given ``read_text(relative) -> str | None``.
+
+    ``logits-cache`` when gumbel.py's ``gumbel_sample`` takes a ``logits_cache``
+    argument (the pre-temperature logits cache), else ``no-logits-cache``.
+    """
+    source = read_text(GUMBEL)
+    if source is None:
+        return NO_LOGITS_CACHE
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.FunctionDef) and node.name == "gumbel_sample":
+            names = [a.arg for a in node.args.args + node.args.kwonlyargs]
+            return LOGITS_CACHE if "logits_cache" in names else NO_LOGITS_CACHE
+    return NO_LOGITS_CACHE
+
+
+def pinned_sha256(manifest: dict, shape: str) -> str | None:
+    return manifest.get("diff_sha256", {}).get(shape)
+
+
+def diff_file_name(shape: str) -> str:
+    return f"dflash2-{shape}.diff"
+
+
 def change_groups(old: list[str], new: list[str]) -> list[ChangeGroup]:
     matcher = difflib.SequenceMatcher(None, old, new, autojunk=False)
     return [
@@ -58,6 +95,10 @@ def change_groups(old: list[str], new: list[str]) -> list[ChangeGroup]:
         for tag, i1, i2, j1, j2 in matcher.get_opcodes()
         if tag != "equal"
     ]
+
+
+def _for_shape(entries: list[dict], shape: str) -> list[dict]:
+    return [entry for entry in entries if entry.get("requires", shape) == shape]
 
 
 def _select(path: str, groups: list[ChangeGroup], selectors: list[dict]) -> list[ChangeGroup]:
@@ -131,8 +172,37 @@ def _file_diff(relative: str, old: list[str] | None, new: list[str]) -> str:
     return header + "".join(lines)
 
 
-def generate(old_tree: Path, new_tree: Path, manifest: dict) -> str:
-    """The backport diff text for ``manifest`` between the two release trees."""
+def _insert(path: str, lines: list[str], insertions: list[dict]) -> list[str]:
+    """The recipe's own lines, each block placed before an anchor line found exactly once."""
+    for insertion in insertions:
+        anchor = insertion["before"]
+        places = [i for i, line in enumerate(lines) if line == anchor]
+        if len(places) != 1:
+            raise BackportError(
+                f"{path}: recipe insertion anchor {anchor.strip()!r} found {len(places)} times, "
+                "expected 1; update patches/v9/manifest.json"
+            )
+        lines = lines[: places[0]] + [line + "\n" for line in insertion["lines"]] + lines[places[0]:]
+    return lines
+
+
+def _base_overrides(old_tree: Path, new_tree: Path, shape: str) -> dict[str, list[str]]:
+    """Files whose pre-DFlash2 text on ``shape`` is not the base release's."""
+    if shape != LOGITS_CACHE:
+        return {}
+    from recipekit import forkshape  # the cache-carrying files, as the fork shape has them
+
+    try:
+        files = forkshape.logits_cache_files(old_tree, new_tree)
+    except forkshape.ForkShapeError as error:
+        raise BackportError(str(error)) from None
+    return {name.removeprefix("vllm/"): text.splitlines(keepends=True) for name, text in files.items()}
+
+
+def generate(old_tree: Path, new_tree: Path, manifest: dict, shape: str = NO_LOGITS_CACHE) -> str:
+    """The backport diff text for ``manifest`` and base ``shape`` between the two release trees."""
+    if shape not in SHAPES:
+        raise BackportError(f"unknown base shape {shape!r}; shapes: {', '.join(SHAPES)}")
     parts: list[str] = []
     sections = [manifest["shared_files"], manifest.get("companion_files", {})]
     selections: dict[str, list[dict]] = {}
@@ -140,17 +210,24 @@ def generate(old_tree: Path, new_tree: Path, manifest: dict) -> str:
         for relative, selectors in section.items():
             if relative in selections:
                 raise BackportError(f"{relative}: listed twice in the manifest")
-            selections[relative] = selectors
+            selections[relative] = _for_shape(selectors, shape)
+    insertions = {
+        relative: _for_shape(entries, shape)
+        for relative, entries in manifest.get("recipe_insertions", {}).items()
+    }
+    overrides = _base_overrides(old_tree, new_tree, shape)
     for relative in sorted(set(selections) | set(manifest["new_files"])):
         if relative in manifest["new_files"]:
             if (old_tree / "vllm" / relative).exists():
                 raise BackportError(f"vllm {manifest['base']} already has vllm/{relative}")
             parts.append(_file_diff(relative, None, _read_lines(new_tree, relative, manifest["source"])))
             continue
-        old = _read_lines(old_tree, relative, manifest["base"])
+        old = overrides.get(relative) or _read_lines(old_tree, relative, manifest["base"])
         new = _read_lines(new_tree, relative, manifest["source"])
         chosen = _select(relative, change_groups(old, new), selections[relative])
-        parts.append(_file_diff(relative, old, _apply_groups(old, chosen)))
+        patched = _insert(relative, _apply_groups(old, chosen), insertions.get(relative, []))
+        if patched != old:
+            parts.append(_file_diff(relative, old, patched))
     return "".join(parts)
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CACHE_ENV = "GLM53_RECIPE_CACHE"
-_DONE_MARKER = ".complete"
+DONE_MARKER = ".complete"  # written last into a published tree
 
 
 class SourceError(RuntimeError):
@@ -65,7 +65,8 @@ def sha256_file(path: Path) -> str:
 
 
 @contextlib.contextmanager
-def _exclusive(lock_path: Path):
+def exclusive(lock_path: Path):
+    """Hold an exclusive lock on ``lock_path`` (created if missing) for the block."""
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with lock_path.open("w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -115,10 +116,10 @@ def _extract(wheel: PinnedWheel, path: Path, dest: Path) -> int:
 def unpacked_tree(wheel: PinnedWheel, log=lambda message: None) -> Path:
     """The directory holding ``wheel.package/`` of the pinned wheel, fetched on first use."""
     tree = cache_root() / wheel.cache_dir / wheel.version
-    if (tree / _DONE_MARKER).is_file():
+    if (tree / DONE_MARKER).is_file():
         return tree
-    with _exclusive(tree.parent / f".{wheel.version}.lock"):
-        if (tree / _DONE_MARKER).is_file():
+    with exclusive(tree.parent / f".{wheel.version}.lock"):
+        if (tree / DONE_MARKER).is_file():
             return tree
         staging = Path(tempfile.mkdtemp(prefix=f".{wheel.version}-", dir=tree.parent))
         try:
@@ -132,7 +133,7 @@ def unpacked_tree(wheel: PinnedWheel, log=lambda message: None) -> Path:
             count = _extract(wheel, path, staging / "tree")
             kind = "Python files" if wheel.suffixes == (".py",) else "files"
             log(f"extracted {count} {kind} of {wheel.project} {wheel.version}")
-            (staging / "tree" / _DONE_MARKER).write_text(f"{wheel.version} {actual}\n")
+            (staging / "tree" / DONE_MARKER).write_text(f"{wheel.version} {actual}\n")
             if tree.exists():
                 shutil.rmtree(tree)
             os.replace(staging / "tree", tree)

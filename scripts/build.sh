@@ -64,7 +64,7 @@ backport_sha=""
 python_version=""
 base_machine=""
 base_glibc=""
-backport_file=""
+backport_dir=""
 wheelhouse_dir=""
 layer_base_ref=""
 last_outcome=""
@@ -173,26 +173,36 @@ check_host() {
     || die "${PYTHON} is not Python >= 3.10 (make-backport and pip run on the host); set PYTHON"
 }
 
-# The v9 diff, generated from the pinned vLLM releases and checked against the manifest's pin.
+# The v9 diffs (one per base shape; the layer's probe picks one in the image), generated from
+# the pinned vLLM releases and checked against the manifest's pins.
 prepare_backport() {
   next_step
-  local manifest="${REPO_ROOT}/patches/v9/manifest.json" pin out
-  pin="$("${PYTHON}" -c 'import json, sys; print(json.load(open(sys.argv[1]))["diff_sha256"])' \
-    "${manifest}")" || die "${manifest}: no diff_sha256; see scripts/make-backport"
-  out="${BUILD_DIR}/backport/dflash2-${pin:0:16}.diff"
-  if [[ -f "${out}" && "$(sha256_of "${out}")" == "${pin}" ]]; then
-    progress "backport: ${out#"${REPO_ROOT}"/} (cached, sha256 ${pin:0:16})"
+  local manifest="${REPO_ROOT}/patches/v9/manifest.json" pins out shape pin
+  pins="$("${PYTHON}" -c 'import json, sys
+for shape, pin in sorted(json.load(open(sys.argv[1]))["diff_sha256"].items()):
+    print(shape, pin)' "${manifest}")" || die "${manifest}: no diff_sha256; see scripts/make-backport"
+  backport_sha="$(sha256sum <<<"${pins}" | cut -d' ' -f1)"
+  out="${BUILD_DIR}/backport/${backport_sha:0:16}"
+  local cached=1
+  while read -r shape pin; do
+    [[ -f "${out}/dflash2-${shape}.diff" && "$(sha256_of "${out}/dflash2-${shape}.diff")" == "${pin}" ]] \
+      || cached=""
+  done <<<"${pins}"
+  if [[ -n "${cached}" ]]; then
+    progress "backport: ${out#"${REPO_ROOT}"/} (cached, $(wc -l <<<"${pins}") base shapes)"
   else
-    mkdir -p "${BUILD_DIR}/backport"
-    "${PYTHON}" "${REPO_ROOT}/scripts/make-backport" --out "${out}.tmp" >&2 \
+    rm -rf "${out}.tmp"
+    "${PYTHON}" "${REPO_ROOT}/scripts/make-backport" --out-dir "${out}.tmp" >&2 \
       || die "scripts/make-backport failed (output above); nothing was built"
-    [[ "$(sha256_of "${out}.tmp")" == "${pin}" ]] \
-      || die "${out}.tmp: sha256 differs from ${manifest}'s diff_sha256; nothing was built"
+    while read -r shape pin; do
+      [[ "$(sha256_of "${out}.tmp/dflash2-${shape}.diff")" == "${pin}" ]] \
+        || die "${out}.tmp/dflash2-${shape}.diff: sha256 differs from ${manifest}'s pin; nothing was built"
+    done <<<"${pins}"
+    rm -rf "${out}"
     mv "${out}.tmp" "${out}"
-    progress "backport: ${out#"${REPO_ROOT}"/} (generated, sha256 ${pin:0:16})"
+    progress "backport: ${out#"${REPO_ROOT}"/} (generated, $(wc -l <<<"${pins}") base shapes)"
   fi
-  backport_file="${out}"
-  backport_sha="${pin}"
+  backport_dir="${out}"
 }
 
 # Python version, machine and glibc of the base, from a throwaway container (cached by ID).
@@ -290,7 +300,7 @@ stage_context() {
   cp "${REPO_ROOT}/requirements/tool.txt" "${staging}/requirements/"
   cp "${REPO_ROOT}/docker/apply-layer.py" "${staging}/docker/"
   cp "${wheelhouse_dir}"/*.whl "${staging}/wheelhouse/"
-  cp "${backport_file}" "${staging}/backport/dflash2.diff"
+  cp "${backport_dir}"/dflash2-*.diff "${staging}/backport/"
   rm -rf "${BUILD_DIR}/context"
   mv "${staging}" "${BUILD_DIR}/context"
   context_hash="$(tree_hash "${BUILD_DIR}/context")"

@@ -2,20 +2,27 @@
 """A KV-cache group of its own for a drafter's sliding-window layers beside Glm5Next.
 
 Installed beside vllm/v1/core/kv_cache_utils.py by the GLM-5.3-Flash DGX Spark
-recipe's v11 layer. Glm5Next's bespoke grouping aliases Mamba/KDA states onto MLA
-pages and the kpool tail onto indexer pages; a DFlash drafter adds
-``SlidingWindowSpec`` layers that fit neither, which made the grouping give up. The
-drafter's layers get one group here, at a quarter of the attention block (at least
-16 tokens): smaller blocks cost block ids but save pool bytes for a 2,048-token
-window. Each drafter layer gets its own tensor region after the indexer region, and
-its pages count in the pool's bytes per block and in the maximum-memory estimate.
-With no drafter layers every function here is the identity (or zero), so the
-grouping, the layout and the pool are exactly what they were.
+recipe's v11 layer, which puts the decorators below on the planner's shared seams:
+the Glm5Next grouping, its layout recogniser and every function that reads that
+layout (the pool's bytes per block, the KV cache config, the maximum-memory
+estimate). Glm5Next's bespoke grouping aliases Mamba/KDA states onto MLA pages and
+the kpool tail onto indexer pages; a DFlash drafter adds ``SlidingWindowSpec``
+layers that fit neither, which made the grouping give up. The drafter's layers get
+one group here, at a quarter of the attention block (at least 16 tokens): smaller
+blocks cost block ids but save pool bytes for a 2,048-token window. The base's own
+planner plans the target exactly as before; the decorators add the drafter's pages
+to the pool's bytes per block and to the estimate, and one tensor per drafter layer,
+built in whichever ``KVCacheTensor`` form this vLLM has (one shared allocation with
+offsets, or one allocation per tensor). With no drafter layers every decorator is
+the identity, so grouping, layout and pool are exactly what they were.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import functools
+import inspect
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -102,22 +109,135 @@ def draft_max_pages(vllm_config: Any, groups: Sequence[KVCacheGroupSpec]) -> int
     )
 
 
+def tensor_form() -> str:
+    """``"layers"`` (one shared allocation, vLLM 0.30.0) or ``"shared_by"`` (one
+    allocation per tensor, vLLM 0.27.1/0.28.0 and forks of that era), by KVCacheTensor's fields."""
+    names = {field.name for field in dataclasses.fields(KVCacheTensor)}
+    if {"layers", "layer_stride", "block_stride", "offset"} <= names:
+        return "layers"
+    if "shared_by" in names:
+        return "shared_by"
+    raise TypeError(f"KVCacheTensor has fields {sorted(names)}; the drafter's KV group cannot place its tensors")
+
+
 def draft_kv_cache_tensors(
     groups: Sequence[KVCacheGroupSpec], num_blocks: int, size: int, offset: int
 ) -> list[KVCacheTensor]:
-    """One tensor per drafter layer, laid out from ``offset`` one layer after another."""
+    """One tensor per drafter layer. Shared-allocation form: laid out from ``offset``
+    one layer after another in an allocation of ``size`` bytes; otherwise each layer
+    its own allocation of its pages."""
+    form = tensor_form()
     tensors = []
     for group in draft_groups(groups):
         page = group.kv_cache_spec.page_size_bytes
         for name in group.layer_names:
-            tensors.append(
-                KVCacheTensor(
-                    size=size,
-                    layers=[name],
-                    layer_stride=page * num_blocks,
-                    block_stride=page,
-                    offset=offset,
-                )
-            )
+            if form == "layers":
+                tensors.append(KVCacheTensor(
+                    size=size, layers=[name], layer_stride=page * num_blocks,
+                    block_stride=page, offset=offset,
+                ))
+            else:
+                tensors.append(KVCacheTensor(size=page * num_blocks, shared_by=[name]))
             offset += page * num_blocks
     return tensors
+
+
+def _pool_bytes(layout: tuple) -> int:
+    """The target's bytes per block from Glm5Next's layout 8-tuple."""
+    _, _, mla_names, idx_names, mla_page, idx_page, _, _ = layout
+    return len(mla_names) * mla_page + len(idx_names) * idx_page
+
+
+def _drafter_layout(fn: Callable, groups: Sequence[KVCacheGroupSpec]) -> tuple | None:
+    """Glm5Next's layout of ``groups`` when they hold a drafter group, else None."""
+    if not draft_groups(groups):
+        return None
+    return fn.__globals__["_glm5_next_tensor_layout"](groups)
+
+
+def glm5_next_groups_with_draft(fn: Callable) -> Callable:
+    """For ``_get_kv_cache_groups_glm5_next(vllm_config, kv_cache_spec)``."""
+
+    @functools.wraps(fn)
+    def wrapper(vllm_config, kv_cache_spec):
+        target, draft = split_draft_specs(kv_cache_spec)
+        return with_draft_group(fn(vllm_config, target if draft else kv_cache_spec), draft)
+
+    return wrapper
+
+
+def glm5_next_layout_past_draft(fn: Callable) -> Callable:
+    """For ``_glm5_next_tensor_layout(kv_cache_groups)``: the drafter's group is not the target's."""
+
+    @functools.wraps(fn)
+    def wrapper(kv_cache_groups):
+        if not draft_groups(kv_cache_groups):
+            return fn(kv_cache_groups)
+        return fn(without_draft_groups(kv_cache_groups))
+
+    return wrapper
+
+
+def bytes_per_block_with_draft(fn: Callable) -> Callable:
+    """For a function returning the pool's bytes per block from ``kv_cache_groups``."""
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        groups = signature.bind(*args, **kwargs).arguments["kv_cache_groups"]
+        result = fn(*args, **kwargs)
+        if _drafter_layout(fn, groups) is None:
+            return result
+        return result + draft_bytes_per_block(groups)
+
+    return wrapper
+
+
+def kv_cache_config_with_draft(fn: Callable) -> Callable:
+    """For ``get_kv_cache_config_from_groups(vllm_config, kv_cache_groups, available_memory)``:
+    the base plans the target for as many blocks as target and drafter fit together,
+    then the drafter's tensors follow the target's."""
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        groups = bound.arguments["kv_cache_groups"]
+        layout = _drafter_layout(fn, groups)
+        if layout is None:
+            return fn(*args, **kwargs)
+        target_bytes = _pool_bytes(layout)
+        num_blocks = bound.arguments["available_memory"] // (target_bytes + draft_bytes_per_block(groups))
+        bound.arguments["kv_cache_groups"] = without_draft_groups(groups)
+        bound.arguments["available_memory"] = num_blocks * target_bytes
+        config = fn(*bound.args, **bound.kwargs)
+        target_size = target_bytes * config.num_blocks
+        size = (target_bytes + draft_bytes_per_block(groups)) * config.num_blocks
+        tensors = list(config.kv_cache_tensors)
+        if tensor_form() == "layers":  # one shared allocation: it grows by the drafter's region
+            tensors = [replace(t, size=size) if t.size == target_size else t for t in tensors]
+        tensors += draft_kv_cache_tensors(groups, config.num_blocks, size, target_size)
+        return replace(config, kv_cache_tensors=tensors, kv_cache_groups=groups)
+
+    return wrapper
+
+
+def max_memory_with_draft(fn: Callable) -> Callable:
+    """For ``_max_memory_usage_bytes_from_groups(vllm_config, kv_cache_groups)``: the
+    drafter's pages are added to the target's, at the pool's bytes per block."""
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        groups = bound.arguments["kv_cache_groups"]
+        layout = _drafter_layout(fn, groups)
+        if layout is None:
+            return fn(*args, **kwargs)
+        target_bytes = _pool_bytes(layout)
+        bound.arguments["kv_cache_groups"] = without_draft_groups(groups)
+        target_pages = cdiv(fn(*bound.args, **bound.kwargs), target_bytes)
+        pages = target_pages + draft_max_pages(bound.arguments["vllm_config"], groups)
+        return pages * (target_bytes + draft_bytes_per_block(groups))
+
+    return wrapper

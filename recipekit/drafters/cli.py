@@ -42,6 +42,18 @@ def _parser():
         "--licence", metavar="ID", help="licence id to use when the model card names none"
     )
     parser.add_argument(
+        "--vllm-root",
+        metavar="DIR",
+        help="the vLLM tree that will serve the drafter, whose DFlash causality rule is read "
+        "(default: the vllm package this Python would import)",
+    )
+    parser.add_argument(
+        "--target-config",
+        metavar="PATH",
+        help="the target's config.json (or its directory): its vocab_size bounds the mask token "
+        "of a drafter that ships no embedding table (default: the drafter's own vocab_size)",
+    )
+    parser.add_argument(
         "--catalog", action="store_true", help="print the published drafters as JSON and exit"
     )
     return parser
@@ -63,6 +75,8 @@ def main(argv=None):
             name=args.name,
             revision=args.revision,
             licence_id=args.licence,
+            vllm_root=args.vllm_root,
+            target_config=args.target_config,
         )
     except Refused as refusal:
         print(f"prepare-drafter: refused: {refusal}", file=sys.stderr)

@@ -87,9 +87,10 @@ def _window_vllm_sees(raw, dflash):
     return raw.get("sliding_window"), "sliding_window"
 
 
-def _causal(raw, layer_kind):
-    # vLLM's order: top-level is_causal, then dflash_config.causal, else causal iff sliding.
-    if raw.get("is_causal") is not None:
+def _causal(raw, layer_kind, reads_is_causal=True):
+    # vLLM's order: top-level is_causal (0.28.0 and v9; not older vLLM), then
+    # dflash_config.causal, else causal iff sliding.
+    if reads_is_causal and raw.get("is_causal") is not None:
         return bool(raw["is_causal"])
     override = raw["dflash_config"].get("causal")
     if override is not None:
@@ -97,8 +98,12 @@ def _causal(raw, layer_kind):
     return layer_kind == SLIDING
 
 
-def read_shape(path, raw):
-    """Bound every field vLLM needs and return the drafter's shape; refuse past any bound."""
+def read_shape(path, raw, reads_is_causal=True):
+    """Bound every field vLLM needs and return the drafter's shape; refuse past any bound.
+
+    ``reads_is_causal``: whether the serving vLLM honours a top-level is_causal
+    (recipekit.drafters.engine), so ``causal`` is what that engine will run.
+    """
     architectures = raw.get("architectures")
     if architectures != [ARCHITECTURE]:
         raise Refused(
@@ -233,7 +238,7 @@ def read_shape(path, raw):
         vocab_size=vocab_size,
         hidden_size=hidden_size,
         window=window,
-        causal=_causal(raw, layer_kind),
+        causal=_causal(raw, layer_kind, reads_is_causal),
     )
 
 

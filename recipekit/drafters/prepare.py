@@ -6,24 +6,31 @@ from pathlib import Path
 
 from . import catalog
 from .config import FULL, SLIDING, load_config, read_shape, served_config
+from .engine import causality_rule, find_vllm_root
 from .errors import Refused, UsageError
 from .licence import read_licence
 from .mask_reader import read_mask_embedding
 from .mask_writer import write_mask_embedding
 from .output_dir import write_out
 from .snapshot import identify
-from .weights import check_mask_row, weight_files
+from .weights import drafter_embedding_holds_mask_row, weight_files
 
 DEFAULT_WINDOW = 2048  # the window incoai's sliding drafter is published with (REFERENCE.md)
 MASK_FILE = "mask_embedding.pt"
 DERIVED_FILES = ("config.json", MASK_FILE)
+# Where vLLM takes the mask token's embedding row from (summary "mask_source").
+MASK_SOURCES = {
+    MASK_FILE: MASK_FILE,
+    "drafter-embedding": "the drafter's embedding table",
+    "target-embedding": "the target's embedding table",
+}
 
 
 def _plural(count, word):
     return f"{count} {word}" if count == 1 else f"{count} {word}s"
 
 
-def startup_phrase(name, licence, shape, window):
+def startup_phrase(name, licence, shape, window, mask_source):
     terms = licence.name
     if licence.non_commercial:
         terms += ", non-commercial"
@@ -35,10 +42,32 @@ def startup_phrase(name, licence, shape, window):
         layers = (
             f"{_plural(shape.layers, 'full-attention layer')} served at a {window}-token window"
         )
-    return f"{name} ({terms}), {layers}"
+    causal = "causal" if shape.causal else "non-causal"
+    return f"{name} ({terms}), {layers}, {causal}, mask row from {MASK_SOURCES[mask_source]}"
 
 
-def prepare(snapshot_dir, out, window=None, name=None, revision=None, licence_id=None):
+def target_vocabulary(target_config, shape):
+    """(vocabulary size, where it was read): the target's config.json, else the drafter's own
+    vocab_size (a drafter that shares the target's embedding is built for its vocabulary)."""
+    if target_config is None:
+        return shape.vocab_size, "the drafter's config.json vocab_size"
+    path = Path(target_config)
+    if path.is_dir():
+        path = path / "config.json"
+    try:
+        raw = load_config(path)
+    except Refused as refusal:
+        raise UsageError(f"--target-config {target_config}: {refusal}") from None
+    vocab = raw.get("vocab_size") or (raw.get("text_config") or {}).get("vocab_size")
+    if not isinstance(vocab, int) or isinstance(vocab, bool) or vocab < 1:
+        raise UsageError(f"--target-config {path}: no positive vocab_size (nor text_config.vocab_size)")
+    return vocab, str(path)
+
+
+def prepare(
+    snapshot_dir, out, window=None, name=None, revision=None, licence_id=None,
+    vllm_root=None, target_config=None,
+):
     """Validate everything first, then write `out`; return the summary (the --json object)."""
     snapshot_dir, out = Path(os.path.abspath(snapshot_dir)), Path(os.path.abspath(out))
     if not snapshot_dir.is_dir():
@@ -47,9 +76,11 @@ def prepare(snapshot_dir, out, window=None, name=None, revision=None, licence_id
         raise UsageError(f"--window {window} must be a positive number of tokens")
     identity = identify(snapshot_dir, name, revision)
 
+    engine_root = find_vllm_root(vllm_root)
+    rule = causality_rule(engine_root)
     config_path = snapshot_dir / "config.json"
     raw = load_config(config_path)
-    shape = read_shape(config_path, raw)
+    shape = read_shape(config_path, raw, rule.reads_is_causal)
 
     licence = read_licence(snapshot_dir, licence_id)
     published = catalog.by_repo_id(identity.name)
@@ -74,10 +105,29 @@ def prepare(snapshot_dir, out, window=None, name=None, revision=None, licence_id
                 f"must equal config.json's mask token {shape.mask_token_id}",
                 "the mask file belongs to another drafter",
             )
+        mask_source = MASK_FILE
+    elif drafter_embedding_holds_mask_row(weights, shape.mask_token_id, shape.hidden_size):
+        mask_source = "drafter-embedding"
     else:
-        check_mask_row(weights, shape.mask_token_id, shape.hidden_size)
+        # No table and no mask file: vLLM's DFlash loader shares the target's embedding.
+        vocab, vocab_from = target_vocabulary(target_config, shape)
+        if not shape.mask_token_id < vocab:
+            raise Refused(
+                config_path,
+                "mask_token_id",
+                shape.mask_token_id,
+                f"must lie inside the target's vocabulary, 0 to {vocab - 1} ({vocab_from}): the "
+                "drafter ships no embedding table and no mask_embedding.pt, so its mask row is the target's",
+                "use a drafter that ships one of the two, or the target it was trained for",
+            )
+        mask_source = "target-embedding"
 
     notes = []
+    if engine_root is None:
+        notes.append(
+            "no vLLM here to read the causality rule from; resolved as vLLM with DFlash2 does "
+            "(top-level is_causal first); pass --vllm-root to read the serving engine's own rule"
+        )
     if shape.window is not None:
         if window is not None and window != shape.window:
             # --window is the window for full-attention layers; this drafter has none.
@@ -114,13 +164,14 @@ def prepare(snapshot_dir, out, window=None, name=None, revision=None, licence_id
         "window": served_window,
         "window_added": shape.window is None,
         "causal": shape.causal,
+        "causal_rule": rule.describe(),
         "mask_token_id": shape.mask_token_id,
-        "mask_source": "mask_embedding.pt" if mask else "safetensors",
+        "mask_source": mask_source,
         "revision": identity.revision,
         "revision_source": identity.revision_source,
         "source": str(snapshot_dir),
         "out": str(out),
-        "startup": startup_phrase(identity.name, licence, shape, served_window),
+        "startup": startup_phrase(identity.name, licence, shape, served_window, mask_source),
         "notes": notes,
     }
 

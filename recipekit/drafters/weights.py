@@ -1,4 +1,4 @@
-"""The drafter's safetensors, read by header only: present, and holding the mask row when needed."""
+"""The drafter's safetensors, read by header only: present, and where the mask token's row comes from."""
 
 from safetensors import SafetensorError, safe_open
 
@@ -18,8 +18,9 @@ def weight_files(snapshot_dir):
     return files
 
 
-def check_mask_row(files, mask_token_id, hidden_size):
-    """Refuse unless an embed_tokens table of width hidden_size has a row for mask_token_id."""
+def drafter_embedding_holds_mask_row(files, mask_token_id, hidden_size):
+    """True when the drafter ships an embed_tokens table holding the mask token's row; False
+    when it ships no table (vLLM then shares the target's); refused when a table lacks the row."""
     for file in files:
         try:
             with safe_open(file, framework="numpy") as weights:
@@ -27,7 +28,7 @@ def check_mask_row(files, mask_token_id, hidden_size):
                     if name.endswith("embed_tokens.weight"):
                         shape = weights.get_slice(name).get_shape()
                         if len(shape) == 2 and shape[1] == hidden_size and shape[0] > mask_token_id:
-                            return
+                            return True
                         raise Refused(
                             file,
                             name,
@@ -43,10 +44,4 @@ def check_mask_row(files, mask_token_id, hidden_size):
                 "must be readable",
                 "re-download the snapshot",
             ) from None
-    raise Refused(
-        files[0].parent,
-        "embed_tokens.weight",
-        "absent",
-        "without mask_embedding.pt the mask row must be in the safetensors",
-        "use a snapshot that ships one of the two",
-    )
+    return False

@@ -35,6 +35,7 @@ class Layer:
     """What every layer provides to the runner."""
 
     name = ""
+    plan_note = ""  # what the probe chose (e.g. v9's base shape), added to the reason
 
     def plan(self, view: TreeView) -> PatchPlan:
         """The edits to make, or ``already-applied``; raises PatchRefused on drift."""
@@ -89,11 +90,12 @@ def _run_layer(layer: Layer, root: Path, check: bool, import_check: str) -> Laye
         patch_plan = layer.plan(view)
     except PatchRefused as error:
         refusal = error
+    note = f"; {layer.plan_note}" if layer.plan_note else ""
     if patch_plan is not None and patch_plan.outcome == "already-applied":
         missing = layer.missing_capability(view)
         if missing:
             return LayerResult(layer.name, "refused", [], "already applied, yet " + "; ".join(missing))
-        return LayerResult(layer.name, "already-applied", [], "every change is already in the tree")
+        return LayerResult(layer.name, "already-applied", [], "every change is already in the tree" + note)
     provided = layer.provided_by_base(view)
     if provided:
         return LayerResult(layer.name, "provided-by-base", [], provided)
@@ -108,7 +110,7 @@ def _run_layer(layer: Layer, root: Path, check: bool, import_check: str) -> Laye
     if check:
         return LayerResult(layer.name, "applied", files, "check only: would apply and verify; nothing written")
     exact_patch.write(root, patch_plan)
-    notes = "compiled, vLLM imports resolve, capability probe holds"
+    notes = "compiled, vLLM imports resolve, capability probe holds" + note
     modules = layer.importable_modules(files)
     if not modules:
         pass

@@ -86,3 +86,11 @@ def chain_0300(standin, session_prefix):
     base = standin("0.30.0")
     prefix = session_prefix("v0300")
     return prefix, base, run_build(prefix, "--base", base)
+
+
+@pytest.fixture(scope="session")
+def chain_fork(standin, session_prefix):
+    """The chain built on the fork-shaped stand-in: (prefix, base tag, the build run)."""
+    base = standin("fork")
+    prefix = session_prefix("fork")
+    return prefix, base, run_build(prefix, "--base", base)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import re
@@ -67,10 +68,20 @@ def patch_on_host(root: Path, layer: str, *extra: str) -> dict:
     return json.loads(result.stdout)
 
 
+def backport_pins_sha256() -> str:
+    """What build.sh labels glm53.backport.sha256: the hash of every base shape's pin."""
+    pins = json.loads((REPO_ROOT / "patches" / "v9" / "manifest.json").read_text())["diff_sha256"]
+    text = "".join(f"{shape} {pin}\n" for shape, pin in sorted(pins.items()))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def backport_diff(prefix: str) -> Path:
+    """The directory of v9 diffs (one per base shape) build.sh generated."""
     sha = labels(tag(prefix, "v9"))["glm53.backport.sha256"]
-    path = REPO_ROOT / "build" / "backport" / f"dflash2-{sha[:16]}.diff"
-    assert path.is_file(), f"{path} missing after build.sh generated the backport"
+    path = REPO_ROOT / "build" / "backport" / sha[:16]
+    assert sorted(p.name for p in path.glob("*.diff")) == [
+        "dflash2-logits-cache.diff", "dflash2-no-logits-cache.diff",
+    ], f"{path} lacks the diffs build.sh generated"
     return path
 
 
@@ -78,7 +89,6 @@ def test_chain_on_0300_standin_builds_every_layer_with_labels(chain_0300):
     prefix, base, run = chain_0300
     assert run.returncode == 0, run.output
     expected = {"v9": "provided-by-base", "v10": "applied", "v11": "applied"}
-    manifest = json.loads((REPO_ROOT / "patches" / "v9" / "manifest.json").read_text())
     parent = image_id(base)
     patch_hashes = set()
     for layer, outcome in expected.items():
@@ -88,7 +98,7 @@ def test_chain_on_0300_standin_builds_every_layer_with_labels(chain_0300):
         assert found["glm53.base.id"] == parent, f"{layer} was not built on the previous layer"
         assert re.fullmatch(r"[0-9a-f]{64}", found["glm53.inputs"])
         assert re.fullmatch(r"[0-9a-f]{64}", found["glm53.patch.sha256"])
-        assert found["glm53.backport.sha256"] == manifest["diff_sha256"]
+        assert found["glm53.backport.sha256"] == backport_pins_sha256()
         assert re.fullmatch(r"[0-9a-f]{40}(-dirty)?", found["glm53.commit"])
         assert re.fullmatch(r"/usr/local/lib/python3\.\d+/dist-packages", found["glm53.vllm.root"])
         patch_hashes.add(found["glm53.patch.sha256"])
@@ -106,9 +116,13 @@ def test_chain_on_0300_standin_builds_every_layer_with_labels(chain_0300):
 
 
 def test_v11_image_tree_is_byte_identical_to_patch_layer_on_a_host_copy(chain_0300, tmp_path):
-    prefix, _, run = chain_0300
+    assert_image_tree_matches_host(chain_0300, "0.30.0", tmp_path)
+
+
+def assert_image_tree_matches_host(chain, version, tmp_path):
+    prefix, _, run = chain
     assert run.returncode == 0, run.output
-    release = vllm_src("0.30.0")
+    release = vllm_src(version)
     host_root = tmp_path / "tree"
     shutil.copytree(release / "vllm", host_root / "vllm")
     touched = set()
@@ -240,3 +254,15 @@ def test_missing_base_is_refused_by_name(session_prefix):
     assert run.returncode == 1
     assert "base image glm53-no-such-base:none not found" in run.output
     assert all(image_id(tag(prefix, layer)) is None for layer in LAYERS)
+
+
+def test_chain_on_the_fork_shaped_standin_applies_every_layer(chain_fork, tmp_path):
+    """The real deployment's chain, v9 -> v10 -> v11, built as images on the fork shape."""
+    prefix, _, run = chain_fork
+    assert run.returncode == 0, run.output
+    assert labels(tag(prefix, "v11"))["glm53.chain"] == "v9=applied v10=applied v11=applied"
+    v9 = labels(tag(prefix, "v9"))
+    assert "base shape logits-cache" in v9["glm53.reason"]
+    assert "vllm/v1/worker/gpu/spec_decode/speculator.py" in v9["glm53.files"].split(",")
+    assert labels(tag(prefix, "v10"))["glm53.base.id"] == image_id(tag(prefix, "v9"))
+    assert_image_tree_matches_host(chain_fork, "fork", tmp_path)

@@ -63,3 +63,47 @@ def test_new_file_already_in_the_base_is_refused(tmp_path):
     (old / "vllm" / "added.py").write_text("x = 1\n")
     with pytest.raises(BackportError, match="already has vllm/added.py"):
         generate(old, new, manifest([]))
+
+
+def test_groups_of_another_base_shape_stay_out(tmp_path):
+    old, new = releases(tmp_path)
+    selectors = [
+        {"contains": "'Wanted'", "take_added": [0, 1]},
+        {"contains": "return 2", "requires": "logits-cache"},
+    ]
+    without = generate(old, new, manifest(selectors), "no-logits-cache")
+    assert "return 2" not in without and "'Wanted': 9" in without
+    # The shape's own group goes in (the old text of logits-cache files is only overridden
+    # for vLLM's gumbel.py and speculator.py, which this synthetic release lacks).
+    with pytest.raises(BackportError, match="gumbel.py"):
+        generate(old, new, manifest(selectors), "logits-cache")
+
+
+def test_recipe_insertions_go_before_their_anchor_for_their_shape_only(tmp_path):
+    old, new = releases(tmp_path)
+    spec = manifest([{"contains": "'Wanted'", "take_added": [0, 1]}])
+    spec["recipe_insertions"] = {"mod.py": [
+        {"requires": "no-logits-cache", "before": "def f():\n", "lines": ["# ours", ""]},
+    ]}
+    diff = generate(old, new, spec, "no-logits-cache")
+    assert "+# ours\n+\n def f():\n" in diff
+    spec["recipe_insertions"]["mod.py"][0]["before"] = "def g():\n"
+    with pytest.raises(BackportError, match="recipe insertion anchor 'def g\\(\\):' found 0 times"):
+        generate(old, new, spec, "no-logits-cache")
+
+
+def test_an_unknown_shape_is_refused(tmp_path):
+    old, new = releases(tmp_path)
+    with pytest.raises(BackportError, match="unknown base shape 'cuda'"):
+        generate(old, new, manifest([]), "cuda")
+
+
+@pytest.mark.parametrize("source, shape", [
+    ("def gumbel_sample(logits, logits_cache=None):\n    pass\n", "logits-cache"),
+    ("def gumbel_sample(logits, output_processed_logits=None):\n    pass\n", "no-logits-cache"),
+    (None, "no-logits-cache"),
+])
+def test_the_base_shape_probe_reads_gumbel_sample(source, shape):
+    from recipekit.backport import shape_of
+
+    assert shape_of(lambda relative: source) == shape

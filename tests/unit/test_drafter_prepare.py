@@ -60,6 +60,7 @@ def test_incoai_shape_passes_unchanged(tmp_path, capsys):
     provenance = derived.pop("recipekit_prepared")
     assert derived == json.loads((snapshot / "config.json").read_text())
     assert provenance["source_revision"] == INCOAI_COMMIT
+    assert summary.pop("causal_rule").startswith("top-level is_causal, then dflash_config.causal")
     assert summary == {
         "drafter": "incoai/GLM-5.3-Flash-DFlash2",
         "licence": "CC-BY-NC-ND-4.0",
@@ -72,14 +73,15 @@ def test_incoai_shape_passes_unchanged(tmp_path, capsys):
         "taps": INCOAI_TAPS,
         "window": 2048,
         "window_added": False,
-        "causal": True,
+        "causal": False,
         "mask_token_id": MASK_TOKEN_ID,
-        "mask_source": "safetensors",
+        "mask_source": "target-embedding",
         "revision": INCOAI_COMMIT,
         "revision_source": "hf-cache-path",
         "source": str(snapshot),
         "out": str(out),
-        "startup": "incoai/GLM-5.3-Flash-DFlash2 (CC BY-NC-ND 4.0, non-commercial), 5 sliding layers, window 2048",
+        "startup": "incoai/GLM-5.3-Flash-DFlash2 (CC BY-NC-ND 4.0, non-commercial), 5 sliding "
+        "layers, window 2048, non-causal, mask row from the target's embedding table",
         "notes": [],
     }
     # Weights and card are links into the snapshot, not copies; the snapshot is untouched.
@@ -130,7 +132,7 @@ def test_dflash2_g_shape_is_served_at_a_2048_window(tmp_path, capsys):
     }
     assert summary["startup"] == (
         "canada-quant/GLM-5.3-Flash-DFlash2-G (Apache-2.0), "
-        "8 full-attention layers served at a 2048-token window"
+        "8 full-attention layers served at a 2048-token window, non-causal, mask row from mask_embedding.pt"
     )
     assert os.readlink(out / "model.safetensors") == str(snapshot / "model.safetensors")
     assert tree_state(snapshot) == before
@@ -168,7 +170,7 @@ def test_window_option_sets_the_served_window(tmp_path, capsys):
         ]
         == 1024
     )
-    assert summary["startup"].endswith("8 full-attention layers served at a 1024-token window")
+    assert "8 full-attention layers served at a 1024-token window, non-causal" in summary["startup"]
 
 
 def test_window_option_leaves_a_sliding_drafter_at_its_own_window_and_says_so(tmp_path, capsys):

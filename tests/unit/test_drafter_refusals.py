@@ -150,10 +150,21 @@ def test_a_published_drafter_under_another_licence_is_refused(tmp_path, capsys):
     assert "license = 'Apache-2.0'" in message and "published under CC BY-NC-ND 4.0" in message
 
 
-def test_no_mask_row_and_no_mask_file_is_refused(tmp_path, capsys):
+def test_no_table_no_mask_file_and_a_mask_token_outside_the_target_vocabulary_is_refused(tmp_path, capsys):
     snapshot = make_dflash2_g(tmp_path)
     (snapshot / "mask_embedding.pt").unlink()
-    assert "embed_tokens.weight = 'absent'" in refused(capsys, snapshot, tmp_path)
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text('{"text_config": {"vocab_size": 400}}')
+    message = refused(capsys, snapshot, tmp_path, "--target-config", str(target))
+    assert "mask_token_id = 500 refused: must lie inside the target's vocabulary, 0 to 399" in message
+    assert f"({target / 'config.json'})" in message and "its mask row is the target's" in message
+
+
+def test_an_embedding_table_without_the_mask_row_is_refused(tmp_path, capsys):
+    snapshot = make_incoai(tmp_path, embed_rows=MASK_TOKEN_ID)
+    message = refused(capsys, snapshot, tmp_path)
+    assert f"embed_tokens.weight = [{MASK_TOKEN_ID}, 64] refused: must be [rows > {MASK_TOKEN_ID}, 64]" in message
 
 
 class SystemCall:

@@ -74,12 +74,14 @@ def write_drafter(snapshot, config, licence, *, embed_rows=VOCAB):
     return snapshot
 
 
-def make_incoai(root, **edits):
-    """incoai-shaped: 5 sliding layers at window 2048, 5 taps, mask row in the safetensors."""
+def make_incoai(root, embed_rows=0, **edits):
+    """incoai-shaped: 5 sliding layers at window 2048 with a top-level is_causal false, 5 taps,
+    neither an embedding table nor mask_embedding.pt (vLLM shares the target's embedding)."""
     config = drafter_config(5, "sliding_attention", INCOAI_TAPS, 2048)
+    config["is_causal"] = False
     config.update(edits)
     snapshot = cache_snapshot(root, "incoai/GLM-5.3-Flash-DFlash2", INCOAI_COMMIT)
-    return write_drafter(snapshot, config, "cc-by-nc-nd-4.0")
+    return write_drafter(snapshot, config, "cc-by-nc-nd-4.0", embed_rows=embed_rows)
 
 
 def make_dflash2_g(root, mask_object=None, **edits):
@@ -119,8 +121,10 @@ def test_synthetic_drafters_have_the_published_shapes(tmp_path):
         8,
         9,
     )
+    assert incoai_config["is_causal"] is False
     with safe_open(incoai / "model.safetensors", framework="pt") as weights:
-        assert weights.get_slice("embed_tokens.weight").get_shape() == [VOCAB, HIDDEN]
+        assert "embed_tokens.weight" not in weights.keys()  # noqa: SIM118 (not a dict)
+    assert not (incoai / "mask_embedding.pt").exists()
     # The mask file is a real torch.save file that torch's own safe loader accepts.
     state = torch.load(g / "mask_embedding.pt", weights_only=True)
     assert (

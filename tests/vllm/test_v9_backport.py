@@ -1,11 +1,11 @@
-"""v9 on real vLLM release trees: generated, pinned, applied exactly, refused on drift."""
+"""v9 on real vLLM release trees: generated, pinned, applied exactly, refused on drift (0.27.1's shape)."""
 
 import json
 import os
 
 import pytest
 
-from recipekit.backport import generate, load_manifest, sha256_text
+from recipekit.backport import NO_LOGITS_CACHE, generate, load_manifest, sha256_text
 from recipekit.exact_patch import PatchRefused, plan
 from tests.vllm.conftest import run_script, tree_digest
 
@@ -29,9 +29,9 @@ def test_generated_diff_matches_the_pin_twice_in_a_row(release, tmp_path, backpo
     again = tmp_path / "again.diff"
     assert run_script("scripts/make-backport", "--out", str(again)).returncode == 0
     assert again.read_bytes() == backport_diff.read_bytes()
-    assert sha256_text(backport_diff.read_text()) == manifest["diff_sha256"]
-    in_process = generate(release("0.27.1"), release("0.28.0"), manifest)
-    assert sha256_text(in_process) == manifest["diff_sha256"]
+    assert sha256_text(backport_diff.read_text()) == manifest["diff_sha256"][NO_LOGITS_CACHE]
+    in_process = generate(release("0.27.1"), release("0.28.0"), manifest, NO_LOGITS_CACHE)
+    assert sha256_text(in_process) == manifest["diff_sha256"][NO_LOGITS_CACHE]
 
 
 def test_other_pull_requests_stay_out(backport_diff):
@@ -44,13 +44,13 @@ def test_other_pull_requests_stay_out(backport_diff):
 
 def test_a_changed_pin_is_refused_and_nothing_is_written(tmp_path):
     manifest = load_manifest()
-    manifest["diff_sha256"] = "0" * 64
+    manifest["diff_sha256"][NO_LOGITS_CACHE] = "0" * 64
     forged = tmp_path / "manifest.json"
     forged.write_text(json.dumps(manifest))
     out = tmp_path / "out.diff"
     result = run_script("scripts/make-backport", "--out", str(out), "--manifest", str(forged))
     assert result.returncode == 3
-    assert "does not match diff_sha256" in result.stderr
+    assert "does not match diff_sha256.no-logits-cache" in result.stderr
     assert not out.exists()
 
 
@@ -99,7 +99,7 @@ def test_a_drifted_context_line_is_refused_and_the_tree_is_untouched(tree_copy, 
     before = tree_digest(root)
     result = run_script("scripts/patch-layer", "v9", "--root", str(root), "--diff", str(backport_diff))
     assert result.returncode == 3
-    assert "vllm/model_executor/models/qwen3_dflash.py: hunk #3 (@@ -662,6 +664,8 @@)" in result.stdout
+    assert "vllm/model_executor/models/qwen3_dflash.py: hunk #4 (@@ -662,6 +667,8 @@)" in result.stdout
     assert "does not match" in result.stdout
     assert "# local" in result.stdout  # the closest place is shown
     assert tree_digest(root) == before

@@ -1,6 +1,6 @@
 """Plan Glm5Next's KV cache with vLLM's own planning code, with and without drafter layers.
 
-Run with PYTHONPATH set to a vLLM 0.30.0 tree (patched by v11 or not). The specs are
+Run with PYTHONPATH set to a vLLM 0.30.0 or fork-shaped tree (patched by v11 or not). The specs are
 shaped like GLM-5.3-Flash at tensor parallel 2: 11 MLA layers with a DSA indexer and
 its kpool tail each, 34 KDA (Mamba-type) states, and optionally 5 drafter sliding
 layers of window 2048. Prints one JSON object describing groups, tensor layout, bytes
@@ -8,6 +8,7 @@ per block and the maximum-memory estimate, or the error raised, for each case na
 on the command line (target, drafter, two-page-sizes).
 """
 
+import dataclasses
 import json
 import sys
 from types import SimpleNamespace
@@ -84,15 +85,28 @@ def vllm_config():
     )
 
 
+def bytes_per_block(config, groups) -> int:
+    """The pool's bytes per block: 0.30.0's _get_kv_cache_bytes_per_block(groups), or
+    the 0.27.1-era _pool_bytes_per_block(vllm_config, groups) the fork shape keeps."""
+    if hasattr(utils, "_get_kv_cache_bytes_per_block"):
+        return utils._get_kv_cache_bytes_per_block(groups)
+    return utils._pool_bytes_per_block(config, groups)
+
+
 def describe(specs: dict) -> dict:
     config = vllm_config()
+    errors = (ValueError, NotImplementedError, AssertionError)
+    try:
+        bespoke = utils._get_kv_cache_groups_glm5_next(config, dict(specs)) is not None
+    except errors as error:
+        bespoke = f"{type(error).__name__}: {error}"
     try:
         groups = utils.get_kv_cache_groups(config, dict(specs))
         kv_config = utils.get_kv_cache_config_from_groups(config, groups, KV_PIN)
-    except (ValueError, NotImplementedError, AssertionError) as error:
-        return {"error": f"{type(error).__name__}: {error}"}
+    except errors as error:
+        return {"bespoke_groups": bespoke, "error": f"{type(error).__name__}: {error}"}
     return {
-        "bespoke_groups": utils._get_kv_cache_groups_glm5_next(config, dict(specs)) is not None,
+        "bespoke_groups": bespoke,
         "groups": [
             {
                 "layers": list(group.layer_names),
@@ -103,11 +117,10 @@ def describe(specs: dict) -> dict:
             for group in groups
         ],
         "num_blocks": kv_config.num_blocks,
-        "tensors": [
-            [t.size, list(t.layers), t.layer_stride, t.block_stride, t.offset]
-            for t in kv_config.kv_cache_tensors
-        ],
-        "bytes_per_block": utils._get_kv_cache_bytes_per_block(groups),
+        # Whichever KVCacheTensor form the tree has (0.30.0: layers/layer_stride; 0.27.1
+        # and the fork: shared_by), field by field.
+        "tensors": [dataclasses.asdict(t) for t in kv_config.kv_cache_tensors],
+        "bytes_per_block": bytes_per_block(config, groups),
         "max_memory_bytes": utils._max_memory_usage_bytes_from_groups(config, groups),
     }
 
