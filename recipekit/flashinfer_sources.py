@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from recipekit.pinned_wheels import PinnedWheel, SourceError, unpacked_tree
+from recipekit.pinned_wheels import PinnedWheel, SourceError, unpacked_tree, wheel_file
 
 # sha256 of flashinfer_python-VERSION-py3-none-any.whl as served by PyPI. 0.6.18 is the
 # version v8 pins (patches/v8/packages.txt carries the same hash); 0.6.17 is the release
@@ -20,15 +20,23 @@ WHEEL_SHA256 = {
 }
 
 
-def flashinfer_tree(version: str, log=lambda message: None) -> Path:
-    """The directory holding the ``flashinfer/`` package of ``version`` (fetched once)."""
+def _pinned(version: str) -> PinnedWheel:
     if version not in WHEEL_SHA256:
         known = ", ".join(sorted(WHEEL_SHA256))
         raise SourceError(
             f"flashinfer-python {version} has no pinned wheel hash; pinned versions: {known}"
         )
-    wheel = PinnedWheel(
+    return PinnedWheel(
         project="flashinfer-python", version=version, sha256=WHEEL_SHA256[version],
         package="flashinfer", cache_dir="flashinfer-src", pin_file="recipekit/flashinfer_sources.py",
     )
-    return unpacked_tree(wheel, log)
+
+
+def flashinfer_tree(version: str, log=lambda message: None) -> Path:
+    """The directory holding the ``flashinfer/`` package of ``version`` (fetched once)."""
+    return unpacked_tree(_pinned(version), log)
+
+
+def flashinfer_wheel(version: str, log=lambda message: None) -> Path:
+    """The pinned ``flashinfer-python`` wheel of ``version`` itself (what a stand-in installs)."""
+    return wheel_file(_pinned(version), log)

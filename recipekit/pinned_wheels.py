@@ -113,6 +113,30 @@ def _extract(wheel: PinnedWheel, path: Path, dest: Path) -> int:
     return count
 
 
+def wheel_file(wheel: PinnedWheel, log=lambda message: None) -> Path:
+    """The pinned wheel itself, kept in ``wheels/`` of the cache after its sha256 matched."""
+    directory = cache_root() / "wheels"
+    found = sorted(directory.glob(f"{wheel.wheel_prefix}*.whl"))
+    if len(found) == 1 and sha256_file(found[0]) == wheel.sha256:
+        return found[0]
+    with exclusive(directory / f".{wheel.wheel_prefix}lock"):
+        staging = Path(tempfile.mkdtemp(prefix=".wheel-", dir=directory))
+        try:
+            path = _download(wheel, staging, log)
+            actual = sha256_file(path)
+            if actual != wheel.sha256:
+                raise SourceError(
+                    f"{path.name}: sha256 {actual} does not match the pin "
+                    f"{wheel.sha256} in {wheel.pin_file or 'recipekit'}; refusing it"
+                )
+            for older in found:
+                older.unlink()
+            os.replace(path, directory / path.name)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return directory / path.name
+
+
 def unpacked_tree(wheel: PinnedWheel, log=lambda message: None) -> Path:
     """The directory holding ``wheel.package/`` of the pinned wheel, fetched on first use."""
     tree = cache_root() / wheel.cache_dir / wheel.version
