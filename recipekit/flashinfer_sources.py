@@ -27,8 +27,12 @@ def _pinned(version: str) -> PinnedWheel:
             f"flashinfer-python {version} has no pinned wheel hash; pinned versions: {known}"
         )
     return PinnedWheel(
-        project="flashinfer-python", version=version, sha256=WHEEL_SHA256[version],
-        package="flashinfer", cache_dir="flashinfer-src", pin_file="recipekit/flashinfer_sources.py",
+        project="flashinfer-python",
+        version=version,
+        sha256=WHEEL_SHA256[version],
+        package="flashinfer",
+        cache_dir="flashinfer-src",
+        pin_file="recipekit/flashinfer_sources.py",
     )
 
 

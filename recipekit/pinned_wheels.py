@@ -77,13 +77,26 @@ def exclusive(lock_path: Path):
 
 
 def _download(wheel: PinnedWheel, dest: Path, log) -> Path:
-    where = ["--platform", wheel.platform, "--python-version", wheel.python] if wheel.platform else []
+    where = (
+        ["--platform", wheel.platform, "--python-version", wheel.python] if wheel.platform else []
+    )
     command = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", *where,
-        "--disable-pip-version-check", "--quiet", "-d", str(dest),
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        *where,
+        "--disable-pip-version-check",
+        "--quiet",
+        "-d",
+        str(dest),
         f"{wheel.project}=={wheel.version}",
     ]
-    log(f"fetching {wheel.project} {wheel.version} wheel ({wheel.platform or 'pure Python'}) from PyPI")
+    log(
+        f"fetching {wheel.project} {wheel.version} wheel ({wheel.platform or 'pure Python'}) from PyPI"
+    )
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     found = sorted(dest.glob(f"{wheel.wheel_prefix}*.whl"))
     if result.returncode != 0 or len(found) != 1:

@@ -75,22 +75,30 @@ def check(pins: dict[str, str], present: dict[str, list[str]]) -> list[str]:
         if not versions:
             problems.append(f"{name} is not installed; the pin is {version}")
         elif len(versions) > 1:
-            problems.append(f"{name} is installed {len(versions)} times ({', '.join(versions)}); the pin is {version}")
+            problems.append(
+                f"{name} is installed {len(versions)} times ({', '.join(versions)}); the pin is {version}"
+            )
         elif versions[0] != version:
             problems.append(f"{name} is {versions[0]}; the pin is {version}")
     if present.get(JIT_CACHE):
-        problems.append(f"{JIT_CACHE} {', '.join(present[JIT_CACHE])} is installed; its AOT kernels must not load")
+        problems.append(
+            f"{JIT_CACHE} {', '.join(present[JIT_CACHE])} is installed; its AOT kernels must not load"
+        )
     flashinfer = pins[FLASHINFER]
     for version in present.get(CUBIN, []):
         if version != flashinfer:
-            problems.append(f"{CUBIN} {version} is installed beside {FLASHINFER} {flashinfer}; import flashinfer raises")
+            problems.append(
+                f"{CUBIN} {version} is installed beside {FLASHINFER} {flashinfer}; import flashinfer raises"
+            )
     family = pins.get(CUTLASS_FAMILY)
     if family:
         for name, versions in sorted(present.items()):
             if name.startswith(CUTLASS_FAMILY) and name not in pins:
                 wrong = [v for v in versions if v != family]
                 if wrong:
-                    problems.append(f"{name} is {', '.join(wrong)}; every {CUTLASS_FAMILY} package must be {family}")
+                    problems.append(
+                        f"{name} is {', '.join(wrong)}; every {CUTLASS_FAMILY} package must be {family}"
+                    )
     return problems
 
 
@@ -108,13 +116,20 @@ def _pip(python: str, *args: str) -> subprocess.CompletedProcess:
     # The base's pip configuration (indexes, constraints) has no say: only our arguments.
     env = {key: value for key, value in os.environ.items() if not key.startswith("PIP_")}
     env.update(
-        PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_ROOT_USER_ACTION="ignore",
-        PIP_BREAK_SYSTEM_PACKAGES="1", PIP_NO_INPUT="1",
+        PIP_CONFIG_FILE=os.devnull,
+        PIP_DISABLE_PIP_VERSION_CHECK="1",
+        PIP_ROOT_USER_ACTION="ignore",
+        PIP_BREAK_SYSTEM_PACKAGES="1",
+        PIP_NO_INPUT="1",
     )
-    return subprocess.run([python, "-m", "pip", *args], env=env, capture_output=True, text=True, check=False)
+    return subprocess.run(
+        [python, "-m", "pip", *args], env=env, capture_output=True, text=True, check=False
+    )
 
 
-def install(wheelhouse: Path, packages: Path = PACKAGES, python: str = sys.executable, log=print) -> list[str]:
+def install(
+    wheelhouse: Path, packages: Path = PACKAGES, python: str = sys.executable, log=print
+) -> list[str]:
     """Remove what must go, install the pins from ``wheelhouse``; returns what was removed."""
     pins = read_pins(packages)
     present = installed()
@@ -129,8 +144,16 @@ def install(wheelhouse: Path, packages: Path = PACKAGES, python: str = sys.execu
             raise PackageError(f"pip uninstall {' '.join(remove)} failed: {_last_line(result)}")
     log(f"installing {len(pins)} pinned packages offline from {wheelhouse}")
     result = _pip(
-        python, "install", "--no-index", "--no-deps", "--require-hashes", "--no-warn-script-location",
-        "--find-links", str(wheelhouse), "-r", str(packages),
+        python,
+        "install",
+        "--no-index",
+        "--no-deps",
+        "--require-hashes",
+        "--no-warn-script-location",
+        "--find-links",
+        str(wheelhouse),
+        "-r",
+        str(packages),
     )
     if result.returncode:
         raise PackageError(

@@ -46,7 +46,9 @@ class Change:
     skip_when: Callable[[TreeView], str | None] | None = None  # why this base does not need it
 
 
-def edited(module: cst.Module, chain: list[cst.CSTNode], old: cst.CSTNode, new: cst.CSTNode) -> cst.Module:
+def edited(
+    module: cst.Module, chain: list[cst.CSTNode], old: cst.CSTNode, new: cst.CSTNode
+) -> cst.Module:
     """``module`` with ``old`` replaced by ``new``.
 
     ``chain`` is the top-level statement holding ``old``, then the definitions nested in it
@@ -63,7 +65,9 @@ def _with_child(parent: cst.CSTNode, child: cst.CSTNode, new: cst.CSTNode) -> cs
     if isinstance(parent, cst.Module):
         return parent.with_changes(body=[new if node is child else node for node in parent.body])
     block = parent.body
-    return parent.with_changes(body=block.with_changes(body=[new if n is child else n for n in block.body]))
+    return parent.with_changes(
+        body=block.with_changes(body=[new if n is child else n for n in block.body])
+    )
 
 
 def code(node: cst.CSTNode) -> str:
@@ -111,7 +115,9 @@ def dotted(*names: str) -> m.BaseMatcherNode:
 
 
 def compare(left: m.BaseMatcherNode, operator: m.BaseMatcherNode, right: m.BaseMatcherNode):
-    return m.Comparison(left=left, comparisons=[m.ComparisonTarget(operator=operator, comparator=right)])
+    return m.Comparison(
+        left=left, comparisons=[m.ComparisonTarget(operator=operator, comparator=right)]
+    )
 
 
 def class_has_member(module: cst.Module, cls_name: str, member: str) -> bool:

@@ -12,14 +12,26 @@ import libcst.matchers as m
 
 from recipekit import exact_patch
 from recipekit.exact_patch import PatchRefused
-from recipekit.layers.sm121_edits import Change, Drift, code, compare, dotted, edited, int_tuple, method, only
+from recipekit.layers.sm121_edits import (
+    Change,
+    Drift,
+    code,
+    compare,
+    dotted,
+    edited,
+    int_tuple,
+    method,
+    only,
+)
 from recipekit.tree import TreeView
 
 MLA_HEADER = "flashinfer/data/include/flashinfer/attention/mla.cuh"
 MLA_CORE = "flashinfer/mla/_core.py"
 PACKAGE = "flashinfer/__init__.py"
 PINNED = "flashinfer-python==0.6.18"
-INSTALL_FIRST = f"install the pinned {PINNED} first (patches/v8/packages.txt; scripts/build.sh does)"
+INSTALL_FIRST = (
+    f"install the pinned {PINNED} first (patches/v8/packages.txt; scripts/build.sh does)"
+)
 
 # F1: inside BatchMLAPagedAttention's DISPATCH_SMEM_CONFIG, the fp8 KV tile is capped at the
 # dispatched CTA_TILE_KV instead of forced to 32 (32 assumes Hopper's 228 KB of shared memory).
@@ -49,7 +61,9 @@ def _no_flashinfer(required: bool):
 
 def _fp8_tile_capped(text: str):
     try:
-        present, new_text = exact_patch.plan_text(MLA_HEADER, text, _FP8_TILE_DIFF.format(path=MLA_HEADER))
+        present, new_text = exact_patch.plan_text(
+            MLA_HEADER, text, _FP8_TILE_DIFF.format(path=MLA_HEADER)
+        )
     except PatchRefused:
         raise Drift(
             "BatchMLAPagedAttention's DISPATCH_SMEM_CONFIG has no fp8 `EFF_CTA_TILE_KV = ... ? 32 : "
@@ -63,15 +77,26 @@ def _fp8_tile_capped(text: str):
 # F2: FP8 MLA plans on sm_12x too, not only on an SM90 device.
 def _fp8_plan_on_12(module: cst.Module):
     cls = only(
-        [n for n in module.body if m.matches(n, m.ClassDef(name=m.Name("BatchMLAPagedAttentionWrapper")))],
+        [
+            n
+            for n in module.body
+            if m.matches(n, m.ClassDef(name=m.Name("BatchMLAPagedAttentionWrapper")))
+        ],
         "class BatchMLAPagedAttentionWrapper",
     )
     plan = method(cls, "plan")
     fp8 = compare(m.Name("kv_data_type"), m.Equal(), dotted("torch", "float8_e4m3fn"))
-    branch = only(m.findall(plan, m.If(test=fp8)), "`if kv_data_type == torch.float8_e4m3fn:` in plan")
+    branch = only(
+        m.findall(plan, m.If(test=fp8)), "`if kv_data_type == torch.float8_e4m3fn:` in plan"
+    )
     fa2_allowed = compare(dotted("self", "_backend"), m.NotIn(), m.Tuple())
-    backend_checks = m.findall(branch.body, m.If(test=compare(dotted("self", "_backend"), m.DoNotCare(), m.DoNotCare())))
-    if not any(m.matches(check.test, fa2_allowed) and '"fa2"' in code(check.test) for check in backend_checks):
+    backend_checks = m.findall(
+        branch.body, m.If(test=compare(dotted("self", "_backend"), m.DoNotCare(), m.DoNotCare()))
+    )
+    if not any(
+        m.matches(check.test, fa2_allowed) and '"fa2"' in code(check.test)
+        for check in backend_checks
+    ):
         shown = code(backend_checks[0].test) if backend_checks else "no backend check"
         raise Drift(
             f"plan's FP8 branch still allows the fa3 backend only (`{shown}`); this is not the "
@@ -79,18 +104,28 @@ def _fp8_plan_on_12(module: cst.Module):
         )
     stock = compare(m.Name("major"), m.NotEqual(), m.Integer("9"))
     patched = compare(m.Name("major"), m.NotIn(), int_tuple(9, 12))
-    check = only(m.findall(branch.body, m.If(test=stock | patched)), "`if major != 9:` in plan's FP8 branch")
+    check = only(
+        m.findall(branch.body, m.If(test=stock | patched)), "`if major != 9:` in plan's FP8 branch"
+    )
     if m.matches(check.test, patched):
         return module, True, "plan's FP8 branch already accepts majors 9 and 12"
     new_check = check.with_changes(test=cst.parse_expression("major not in (9, 12)"))
-    return edited(module, [cls, plan], check, new_check), False, (
-        "BatchMLAPagedAttentionWrapper.plan: FP8 KV raises unless `major not in (9, 12)`"
+    return (
+        edited(module, [cls, plan], check, new_check),
+        False,
+        ("BatchMLAPagedAttentionWrapper.plan: FP8 KV raises unless `major not in (9, 12)`"),
     )
 
 
 def changes(require_flashinfer: bool) -> tuple[Change, ...]:
     skip = _no_flashinfer(require_flashinfer)
     return (
-        Change("F1", (MLA_HEADER,), "fp8 MLA tile capped at the dispatched CTA_TILE_KV", _fp8_tile_capped, skip),
+        Change(
+            "F1",
+            (MLA_HEADER,),
+            "fp8 MLA tile capped at the dispatched CTA_TILE_KV",
+            _fp8_tile_capped,
+            skip,
+        ),
         Change("F2", (MLA_CORE,), "FP8 MLA plans on sm_12x too", _fp8_plan_on_12, skip),
     )

@@ -90,7 +90,9 @@ def _sm90_before_sm120(module: cst.Module):
     func = top_function(module, "_get_backend_priorities")
     mla = only(m.findall(func, m.If(test=m.Name("use_mla"))), "`if use_mla:` branch")
     major12 = compare(dotted("device_capability", "major"), m.Equal(), m.Integer("12"))
-    branch = only(m.findall(mla.body, m.If(test=major12)), "`device_capability.major == 12` MLA branch")
+    branch = only(
+        m.findall(mla.body, m.If(test=major12)), "`device_capability.major == 12` MLA branch"
+    )
     ret = only(m.findall(branch.body, m.Return(value=m.List())), "`return [...]` in that branch")
     names = [code(element.value) for element in ret.value.elements]
     if SM90 in names and SM120 in names and names.index(SM90) < names.index(SM120):
@@ -100,8 +102,10 @@ def _sm90_before_sm120(module: cst.Module):
     elements = list(ret.value.elements)
     added = cst.Element(value=cst.parse_expression(SM90), comma=elements[0].comma)
     new_list = ret.value.with_changes(elements=[elements[0], added, elements[1]])
-    return edited(module, [func], ret, ret.with_changes(value=new_list)), False, (
-        f"_get_backend_priorities, capability 12: [{TRITON}, {SM90}, {SM120}]"
+    return (
+        edited(module, [func], ret, ret.with_changes(value=new_list)),
+        False,
+        (f"_get_backend_priorities, capability 12: [{TRITON}, {SM90}, {SM120}]"),
     )
 
 
@@ -111,7 +115,9 @@ def _sm90_backend_accepts_12(module: cst.Module):
     func = method(cls, "supports_compute_capability")
     names = _param_names(func)
     if len(names) != 2:
-        raise Drift(f"supports_compute_capability takes ({', '.join(names)}), not (cls, capability)")
+        raise Drift(
+            f"supports_compute_capability takes ({', '.join(names)}), not (cls, capability)"
+        )
     major = dotted(names[1], "major")
     ret = only(m.findall(func, m.Return()), "return in supports_compute_capability")
     where = f"{cls.name.value}.supports_compute_capability"
@@ -120,7 +126,11 @@ def _sm90_backend_accepts_12(module: cst.Module):
     if not m.matches(ret.value, compare(major, m.Equal(), m.Integer("9"))):
         raise Drift(f"{where} returns `{code(ret.value)}`, not `{names[1]}.major == 9`")
     new = cst.parse_expression(f"{names[1]}.major in (9, 12)")
-    return edited(module, [cls, func], ret, ret.with_changes(value=new)), False, f"{where}: `{names[1]}.major in (9, 12)`"
+    return (
+        edited(module, [cls, func], ret, ret.with_changes(value=new)),
+        False,
+        f"{where}: `{names[1]}.major in (9, 12)`",
+    )
 
 
 _WRAPPER = m.Call(
@@ -132,24 +142,36 @@ _FA3_ON_HOPPER = '"fa3" if torch.cuda.get_device_capability()[0] == 9 else "fa2"
 
 # D2b: FA3 only on Hopper (major 9); elsewhere the wrapper runs FA2.
 def _fa2_off_hopper(module: cst.Module):
-    imports_torch = m.SimpleStatementLine(body=[m.Import(names=[m.ImportAlias(name=m.Name("torch"))])])
+    imports_torch = m.SimpleStatementLine(
+        body=[m.Import(names=[m.ImportAlias(name=m.Name("torch"))])]
+    )
     if not any(m.matches(node, imports_torch) for node in module.body):
         raise Drift("the module does not `import torch` at top level")
     hits = [(top, call) for top in module.body for call in m.findall(top, _WRAPPER)]
     top, call = only(hits, "BatchMLAPagedAttentionWrapper(...) call")
-    arg = only([a for a in call.args if a.keyword and a.keyword.value == "backend"], "backend= argument")
+    arg = only(
+        [a for a in call.args if a.keyword and a.keyword.value == "backend"], "backend= argument"
+    )
     if m.matches(arg.value, m.IfExp(body=m.SimpleString('"fa3"'), orelse=m.SimpleString('"fa2"'))):
         return module, True, "BatchMLAPagedAttentionWrapper already takes fa3 on Hopper only"
     if not m.matches(arg.value, m.SimpleString('"fa3"') | m.SimpleString("'fa3'")):
-        raise Drift(f'BatchMLAPagedAttentionWrapper gets backend={code(arg.value)}, not backend="fa3"')
+        raise Drift(
+            f'BatchMLAPagedAttentionWrapper gets backend={code(arg.value)}, not backend="fa3"'
+        )
     new_arg = arg.with_changes(value=cst.parse_expression(_FA3_ON_HOPPER))
-    return edited(module, [top], arg, new_arg), False, f"BatchMLAPagedAttentionWrapper(backend={_FA3_ON_HOPPER})"
+    return (
+        edited(module, [top], arg, new_arg),
+        False,
+        f"BatchMLAPagedAttentionWrapper(backend={_FA3_ON_HOPPER})",
+    )
 
 
 _NEEDS_FEATURE = m.UnaryOperation(
     operator=m.Not(), expression=m.Call(func=m.Name("has_flashinfer_sm90_nope_mla"))
 )
-_FP8_KV = m.Tuple(elements=[m.Element(m.SimpleString('"fp8"')), m.Element(m.SimpleString('"fp8_e4m3"'))])
+_FP8_KV = m.Tuple(
+    elements=[m.Element(m.SimpleString('"fp8"')), m.Element(m.SimpleString('"fp8_e4m3"'))]
+)
 
 
 # D2c: only fp8 KV needs FlashInfer's SM90 NoPE feature (FlashInfer >= 0.6.18).
@@ -164,17 +186,23 @@ def _feature_check_fp8_only(module: cst.Module):
         raise Drift(f"{where} has no checks")
     first = checks[0]
     fp8_only = m.BooleanOperation(
-        left=compare(m.Name("kv_cache_dtype"), m.In(), _FP8_KV), operator=m.And(), right=_NEEDS_FEATURE
+        left=compare(m.Name("kv_cache_dtype"), m.In(), _FP8_KV),
+        operator=m.And(),
+        right=_NEEDS_FEATURE,
     )
     if m.matches(first.test, fp8_only):
         return module, True, f"{where} already asks for the FlashInfer feature for fp8 KV only"
     if not m.matches(first.test, _NEEDS_FEATURE):
-        raise Drift(f"{where}'s first check is `if {code(first.test)}:`, not `if not has_flashinfer_sm90_nope_mla():`")
+        raise Drift(
+            f"{where}'s first check is `if {code(first.test)}:`, not `if not has_flashinfer_sm90_nope_mla():`"
+        )
     new_test = cst.parse_expression(
         'kv_cache_dtype in ("fp8", "fp8_e4m3") and not has_flashinfer_sm90_nope_mla()'
     )
-    return edited(module, [cls, func], first, first.with_changes(test=new_test)), False, (
-        f'{where}: the FlashInfer check applies to kv_cache_dtype in ("fp8", "fp8_e4m3") only'
+    return (
+        edited(module, [cls, func], first, first.with_changes(test=new_test)),
+        False,
+        (f'{where}: the FlashInfer check applies to kv_cache_dtype in ("fp8", "fp8_e4m3") only'),
     )
 
 
@@ -185,14 +213,16 @@ def _pdl_on_9_and_10(module: cst.Module):
     where = f"{cls.name.value}.is_arch_support_pdl"
     stock = compare(m.Name("major"), m.GreaterThanEqual(), m.Integer("9"))
     patched = compare(m.Name("major"), m.In(), int_tuple(9, 10))
-    rets = [r for r in m.findall(func, m.Return()) if r.value is not None and m.matches(r.value, stock | patched)]
+    rets = [
+        r
+        for r in m.findall(func, m.Return())
+        if r.value is not None and m.matches(r.value, stock | patched)
+    ]
     ret = only(rets, f"`return major >= 9` in {where}")
     if m.matches(ret.value, patched):
         return module, True, f"{where} already returns `major in (9, 10)`"
     new_ret = ret.with_changes(value=cst.parse_expression("major in (9, 10)"))
-    return edited(module, [cls, func], ret, new_ret), False, (
-        f"{where}: `return major in (9, 10)`"
-    )
+    return edited(module, [cls, func], ret, new_ret), False, (f"{where}: `return major in (9, 10)`")
 
 
 def _pool_topk_minus_one(branch_flag: str):
@@ -206,19 +236,30 @@ def _pool_topk_minus_one(branch_flag: str):
         )
         alloc = m.Call(func=dotted("torch", "empty") | dotted("torch", "full"))
         assign = m.Assign(targets=[m.AssignTarget(target=m.Name("pool_topk"))], value=alloc)
-        found = only(m.findall(branch.body, assign), f"`pool_topk = torch.empty(...)` under `if {branch_flag}:`")
+        found = only(
+            m.findall(branch.body, assign),
+            f"`pool_topk = torch.empty(...)` under `if {branch_flag}:`",
+        )
         call = found.value
         where = f"sparse_attn_indexer_kpool, `if {branch_flag}:`"
         if m.matches(call.func, dotted("torch", "full")):
-            if len(call.args) > 1 and m.matches(call.args[1].value, m.UnaryOperation(m.Minus(), m.Integer("1"))):
+            if len(call.args) > 1 and m.matches(
+                call.args[1].value, m.UnaryOperation(m.Minus(), m.Integer("1"))
+            ):
                 return module, True, f"{where}: pool_topk already starts filled with -1"
             raise Drift(f"{where}: pool_topk = {code(call)} does not fill with -1")
         if not call.args or call.args[0].keyword is not None:
             raise Drift(f"{where}: pool_topk = {code(call)} has no positional shape")
         args = list(call.args)
         minus_one = cst.Arg(value=cst.parse_expression("-1"), comma=args[0].comma)
-        new_call = call.with_changes(func=cst.parse_expression("torch.full"), args=[args[0], minus_one, *args[1:]])
-        return edited(module, [func], call, new_call), False, f"{where}: pool_topk = torch.full(..., -1, ...)"
+        new_call = call.with_changes(
+            func=cst.parse_expression("torch.full"), args=[args[0], minus_one, *args[1:]]
+        )
+        return (
+            edited(module, [func], call, new_call),
+            False,
+            f"{where}: pool_topk = torch.full(..., -1, ...)",
+        )
 
     return edit
 
@@ -231,7 +272,9 @@ def _expand_valid_pools_only(module: cst.Module):
         raise Drift("_expand_pools_and_append_tail_kernel computes no pool_len")
     where_call = m.Call(func=dotted("tl", "where"))
     assign = only(
-        m.findall(func, m.Assign(targets=[m.AssignTarget(target=m.Name("hist_out"))], value=where_call)),
+        m.findall(
+            func, m.Assign(targets=[m.AssignTarget(target=m.Name("hist_out"))], value=where_call)
+        ),
         "`hist_out = tl.where(...)` in _expand_pools_and_append_tail_kernel",
     )
     call = assign.value
@@ -243,40 +286,67 @@ def _expand_valid_pools_only(module: cst.Module):
     if not m.matches(condition, pid_ok):
         raise Drift(f"hist_out = tl.where({code(condition)}, ...), not tl.where(pid >= 0, ...)")
     new_condition = cst.parse_expression("(pid >= 0) & (pid < pool_len)")
-    new_call = call.with_changes(args=[call.args[0].with_changes(value=new_condition), *call.args[1:]])
-    return edited(module, [func], call, new_call), False, (
-        "_expand_pools_and_append_tail_kernel: hist_out = tl.where((pid >= 0) & (pid < pool_len), ...)"
+    new_call = call.with_changes(
+        args=[call.args[0].with_changes(value=new_condition), *call.args[1:]]
+    )
+    return (
+        edited(module, [func], call, new_call),
+        False,
+        (
+            "_expand_pools_and_append_tail_kernel: hist_out = tl.where((pid >= 0) & (pid < pool_len), ...)"
+        ),
     )
 
 
 CHANGES = (
     Change(
-        "D1", (CUDA,), "SM90 sparse MLA backend before the SM120 one at capability 12",
-        _sm90_before_sm120, skip_when=_no_sm90_backend,
+        "D1",
+        (CUDA,),
+        "SM90 sparse MLA backend before the SM120 one at capability 12",
+        _sm90_before_sm120,
+        skip_when=_no_sm90_backend,
     ),
     Change(
-        "D2a", (SM90_BACKEND,), "the SM90 sparse MLA backend accepts capability 12",
-        _sm90_backend_accepts_12, skip_when=_no_sm90_backend,
+        "D2a",
+        (SM90_BACKEND,),
+        "the SM90 sparse MLA backend accepts capability 12",
+        _sm90_backend_accepts_12,
+        skip_when=_no_sm90_backend,
     ),
     Change(
-        "D2b", (SM90_BACKEND,), "the SM90 sparse MLA wrapper runs FA3 on Hopper only, else FA2",
-        _fa2_off_hopper, skip_when=_no_sm90_backend,
+        "D2b",
+        (SM90_BACKEND,),
+        "the SM90 sparse MLA wrapper runs FA3 on Hopper only, else FA2",
+        _fa2_off_hopper,
+        skip_when=_no_sm90_backend,
     ),
     Change(
-        "D2c", (SM90_BACKEND,), "bf16 KV no longer needs FlashInfer's SM90 NoPE feature",
-        _feature_check_fp8_only, skip_when=_no_sm90_backend,
+        "D2c",
+        (SM90_BACKEND,),
+        "bf16 KV no longer needs FlashInfer's SM90 NoPE feature",
+        _feature_check_fp8_only,
+        skip_when=_no_sm90_backend,
     ),
     Change("D4", (CUDA,), "PDL on majors 9 and 10 only", _pdl_on_9_and_10),
     Change(
-        "V7a", KPOOL_INDEXERS, "prefill pool_topk starts filled with -1",
-        _pool_topk_minus_one("has_prefill"), skip_when=_no_glm5next,
+        "V7a",
+        KPOOL_INDEXERS,
+        "prefill pool_topk starts filled with -1",
+        _pool_topk_minus_one("has_prefill"),
+        skip_when=_no_glm5next,
     ),
     Change(
-        "V7b", KPOOL_INDEXERS, "decode pool_topk starts filled with -1",
-        _pool_topk_minus_one("has_decode"), skip_when=_no_glm5next,
+        "V7b",
+        KPOOL_INDEXERS,
+        "decode pool_topk starts filled with -1",
+        _pool_topk_minus_one("has_decode"),
+        skip_when=_no_glm5next,
     ),
     Change(
-        "V7c", (KPOOL_KERNELS,), "pool ids at or past pool_len expand to -1",
-        _expand_valid_pools_only, skip_when=_no_glm5next,
+        "V7c",
+        (KPOOL_KERNELS,),
+        "pool ids at or past pool_len expand to -1",
+        _expand_valid_pools_only,
+        skip_when=_no_glm5next,
     ),
 )

@@ -75,7 +75,9 @@ class Sm121Layer(Layer):
             where = [path for path in change.files if view.exists(path)]
             if not where:
                 missing = " and ".join(change.files)
-                findings.append(Finding(change.id, "refused", change.files[0], f"{missing} missing"))
+                findings.append(
+                    Finding(change.id, "refused", change.files[0], f"{missing} missing")
+                )
                 continue
             for path in where:
                 try:
@@ -85,7 +87,9 @@ class Sm121Layer(Layer):
                     continue
                 if path != change.files[0] and not view.exists(change.files[0]):
                     detail += f" (this base keeps it here, not in {change.files[0]})"
-                findings.append(Finding(change.id, "present" if present else "applied", path, detail))
+                findings.append(
+                    Finding(change.id, "present" if present else "applied", path, detail)
+                )
                 if not present:
                     edited.add(path)
         return findings, {path: (files.original[path], files.text(path)) for path in sorted(edited)}
@@ -104,7 +108,10 @@ class Sm121Layer(Layer):
             raise PatchRefused("none of v8's targets is in this tree; is this a vLLM for CUDA?")
         return PatchPlan(
             "apply",
-            [FileEdit(path, before.encode(), after.encode()) for path, (before, after) in edits.items()],
+            [
+                FileEdit(path, before.encode(), after.encode())
+                for path, (before, after) in edits.items()
+            ],
         )
 
     def missing_capability(self, view: TreeView) -> list[str]:

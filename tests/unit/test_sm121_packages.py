@@ -28,7 +28,7 @@ def test_the_pins_are_the_seeds_versions():
 
 def test_every_pin_carries_sha256_and_flashinfer_matches_the_source_tree_pin():
     text = PACKAGES.read_text()
-    blocks = re.split(r"\n(?=[a-z])", text[text.index("flashinfer-python=="):])
+    blocks = re.split(r"\n(?=[a-z])", text[text.index("flashinfer-python==") :])
     for block in blocks:
         assert re.findall(r"--hash=sha256:[0-9a-f]{64}", block), block.splitlines()[0]
     flashinfer = blocks[0]
@@ -40,16 +40,29 @@ def test_installed_pins_pass():
     assert check(PINS, good()) == []
 
 
-@pytest.mark.parametrize("change, problem", [
-    ({"nvidia-nccl-cu13": ["2.29.7"]}, "nvidia-nccl-cu13 is 2.29.7; the pin is 2.30.7"),
-    ({"flashinfer-python": []}, "flashinfer-python is not installed; the pin is 0.6.18"),
-    ({"flashinfer-python": ["0.6.17", "0.6.18"]},
-     "flashinfer-python is installed 2 times (0.6.17, 0.6.18); the pin is 0.6.18"),
-    ({"flashinfer-jit-cache": ["0.6.17+cu130"]}, "flashinfer-jit-cache 0.6.17+cu130 is installed"),
-    ({"flashinfer-cubin": ["0.6.17"]}, "flashinfer-cubin 0.6.17 is installed beside flashinfer-python 0.6.18"),
-    ({"nvidia-cutlass-dsl-libs-cu14": ["4.7.0"]},
-     "nvidia-cutlass-dsl-libs-cu14 is 4.7.0; every nvidia-cutlass-dsl package must be 4.6.2"),
-])
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        ({"nvidia-nccl-cu13": ["2.29.7"]}, "nvidia-nccl-cu13 is 2.29.7; the pin is 2.30.7"),
+        ({"flashinfer-python": []}, "flashinfer-python is not installed; the pin is 0.6.18"),
+        (
+            {"flashinfer-python": ["0.6.17", "0.6.18"]},
+            "flashinfer-python is installed 2 times (0.6.17, 0.6.18); the pin is 0.6.18",
+        ),
+        (
+            {"flashinfer-jit-cache": ["0.6.17+cu130"]},
+            "flashinfer-jit-cache 0.6.17+cu130 is installed",
+        ),
+        (
+            {"flashinfer-cubin": ["0.6.17"]},
+            "flashinfer-cubin 0.6.17 is installed beside flashinfer-python 0.6.18",
+        ),
+        (
+            {"nvidia-cutlass-dsl-libs-cu14": ["4.7.0"]},
+            "nvidia-cutlass-dsl-libs-cu14 is 4.7.0; every nvidia-cutlass-dsl package must be 4.6.2",
+        ),
+    ],
+)
 def test_each_departure_from_the_pins_is_one_line(change, problem):
     found = check(PINS, good() | change)
     assert len(found) == 1 and found[0].startswith(problem), found

@@ -9,7 +9,11 @@ from recipekit.flashinfer_sources import flashinfer_tree, flashinfer_wheel
 from recipekit.pinned_wheels import SourceError, sha256_file
 from tests.vllm.conftest import run_script
 
-OFFLINE = {"PIP_INDEX_URL": "http://127.0.0.1:9/none", "PIP_EXTRA_INDEX_URL": "", "PIP_FIND_LINKS": ""}
+OFFLINE = {
+    "PIP_INDEX_URL": "http://127.0.0.1:9/none",
+    "PIP_EXTRA_INDEX_URL": "",
+    "PIP_FIND_LINKS": "",
+}
 
 
 def test_tree_holds_the_python_and_the_headers_v8_patches():
@@ -17,7 +21,9 @@ def test_tree_holds_the_python_and_the_headers_v8_patches():
     assert (tree / "flashinfer/mla/_core.py").is_file()
     assert (tree / "flashinfer/data/include/flashinfer/attention/mla.cuh").is_file()
     assert "ckv_scale_arr" in (tree / "flashinfer/mla/_core.py").read_text()
-    assert "ckv_scale_arr" not in (flashinfer_tree("0.6.17") / "flashinfer/mla/_core.py").read_text()
+    assert (
+        "ckv_scale_arr" not in (flashinfer_tree("0.6.17") / "flashinfer/mla/_core.py").read_text()
+    )
 
 
 def test_second_call_is_offline_and_fast():

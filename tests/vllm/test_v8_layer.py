@@ -75,7 +75,9 @@ def patched_0300(tmp_path_factory, release):
     """vLLM 0.30.0 with FlashInfer 0.6.18 beside it, v8 applied (module imports checked)."""
     target = tmp_path_factory.mktemp("v8") / "root"
     shutil.copytree(release("0.30.0") / "vllm", target / "vllm", copy_function=os.link)
-    shutil.copytree(flashinfer_tree("0.6.18") / "flashinfer", target / "flashinfer", copy_function=os.link)
+    shutil.copytree(
+        flashinfer_tree("0.6.18") / "flashinfer", target / "flashinfer", copy_function=os.link
+    )
     code, report = patch(target, "--import-check", "on")
     assert code == 0, report
     return target, report
@@ -85,11 +87,14 @@ def test_0300_with_flashinfer_0618_applies_every_change(patched_0300, release):
     target, report = patched_0300
     assert report["outcome"] == "applied", report["reason"]
     assert statuses(report) == dict.fromkeys(ALL, "applied")
-    assert sorted(report["files"]) == sorted([CUDA, SM90, INDEXER_0300, KPOOL, MLA_HEADER, MLA_CORE])
+    assert sorted(report["files"]) == sorted(
+        [CUDA, SM90, INDEXER_0300, KPOOL, MLA_HEADER, MLA_CORE]
+    )
     assert "touched modules import" in report["reason"]
     assert report["reason"].endswith("[applied: D1 D2a D2b D2c D4 V7a V7b V7c F1 F2]")
     stock = tree_digest(release("0.30.0")) | {
-        f"flashinfer/{k}": v for k, v in tree_digest(flashinfer_tree("0.6.18") / "flashinfer").items()
+        f"flashinfer/{k}": v
+        for k, v in tree_digest(flashinfer_tree("0.6.18") / "flashinfer").items()
     }
     changed = {name for name, digest in tree_digest(target).items() if stock.get(name) != digest}
     assert changed == set(report["files"])
@@ -120,8 +125,16 @@ def test_0271_applies_d4_and_says_why_it_skips_the_rest(root):
     assert (code, report["outcome"]) == (0, "applied")
     assert report["files"] == [CUDA]
     assert statuses(report) == {
-        "D1": "skipped", "D2a": "skipped", "D2b": "skipped", "D2c": "skipped", "D4": "applied",
-        "V7a": "skipped", "V7b": "skipped", "V7c": "skipped", "F1": "skipped", "F2": "skipped",
+        "D1": "skipped",
+        "D2a": "skipped",
+        "D2b": "skipped",
+        "D2c": "skipped",
+        "D4": "applied",
+        "V7a": "skipped",
+        "V7b": "skipped",
+        "V7c": "skipped",
+        "F1": "skipped",
+        "F2": "skipped",
     }
     for change in ("D1", "D2a", "D2b", "D2c"):
         assert "no SM90 sparse MLA backend" in findings(report, change)[0]["detail"]
@@ -137,7 +150,10 @@ def test_0330_finds_v7ab_where_it_moved_and_d4_under_its_cache_decorator(root):
     target = root("0.33.0")
     code, report = patch(target, "--import-check", "off")
     assert (code, report["outcome"]) == (0, "applied")
-    assert statuses(report) == dict.fromkeys(ALL[:8], "applied") | {"F1": "skipped", "F2": "skipped"}
+    assert statuses(report) == dict.fromkeys(ALL[:8], "applied") | {
+        "F1": "skipped",
+        "F2": "skipped",
+    }
     for change in ("V7a", "V7b"):
         (found,) = findings(report, change)
         assert found["file"] == INDEXER_0330
@@ -147,9 +163,14 @@ def test_0330_finds_v7ab_where_it_moved_and_d4_under_its_cache_decorator(root):
     assert "    @cache\n    def is_arch_support_pdl(cls) -> bool:" in cuda
     assert cuda.count("return major in (9, 10)") == 1
     indexer = (target / INDEXER_0330).read_text()
-    assert indexer.count("pool_topk = torch.full(\n") == 2 and "pool_topk = torch.empty" not in indexer
+    assert (
+        indexer.count("pool_topk = torch.full(\n") == 2 and "pool_topk = torch.empty" not in indexer
+    )
     # The AMD twin of the indexer is not a CUDA path: v8 leaves it alone.
-    assert "pool_topk = torch.empty" in (target / "vllm/models/glm5next/amd/sparse_indexer.py").read_text()
+    assert (
+        "pool_topk = torch.empty"
+        in (target / "vllm/models/glm5next/amd/sparse_indexer.py").read_text()
+    )
     code, again = patch(target)
     assert (code, again["outcome"]) == (0, "already-applied")
 
@@ -173,22 +194,48 @@ def test_require_flashinfer_refuses_a_root_without_it(root):
     target = root("0.30.0")
     code, report = patch(target, "--require-flashinfer")
     assert (code, report["outcome"]) == (3, "refused")
-    assert "no flashinfer/ package beside vllm/" in report["reason"] and INSTALL_FIRST in report["reason"]
+    assert (
+        "no flashinfer/ package beside vllm/" in report["reason"]
+        and INSTALL_FIRST in report["reason"]
+    )
 
 
-@pytest.mark.parametrize("change, relative, old, new, message", [
-    ("D1", CUDA, "                AttentionBackendEnum.TRITON_MLA,\n                AttentionBackendEnum.FLASHINFER_MLA_SPARSE_SM120,",
-     "                AttentionBackendEnum.FLASHINFER_MLA_SPARSE_SM120,\n                AttentionBackendEnum.TRITON_MLA,",
-     "the capability-12 MLA list is [AttentionBackendEnum.FLASHINFER_MLA_SPARSE_SM120, AttentionBackendEnum.TRITON_MLA]"),
-    ("D2b", SM90, 'backend="fa3",', 'backend="auto",', 'not backend="fa3"'),
-    ("D4", CUDA, "return major >= 9", "return major >= 8", "expected one `return major >= 9`"),
-    ("V7a", INDEXER_0300, "                pool_topk = torch.empty(", "                pool_topk = torch.zeros(",
-     "expected one `pool_topk = torch.empty(...)` under `if has_prefill:`"),
-    ("V7c", KPOOL, "hist_out = tl.where(pid >= 0, hist_val, -1)", "hist_out = tl.where(pid > -1, hist_val, -1)",
-     "not tl.where(pid >= 0, ...)"),
-    ("F1", MLA_HEADER, "? 32 : CTA_TILE_KV;", "? 64 : CTA_TILE_KV;", INSTALL_FIRST),
-    ("F2", MLA_CORE, "            if major != 9:\n", "            if major < 9:\n", "`if major != 9:` in plan's FP8 branch"),
-])
+@pytest.mark.parametrize(
+    "change, relative, old, new, message",
+    [
+        (
+            "D1",
+            CUDA,
+            "                AttentionBackendEnum.TRITON_MLA,\n                AttentionBackendEnum.FLASHINFER_MLA_SPARSE_SM120,",
+            "                AttentionBackendEnum.FLASHINFER_MLA_SPARSE_SM120,\n                AttentionBackendEnum.TRITON_MLA,",
+            "the capability-12 MLA list is [AttentionBackendEnum.FLASHINFER_MLA_SPARSE_SM120, AttentionBackendEnum.TRITON_MLA]",
+        ),
+        ("D2b", SM90, 'backend="fa3",', 'backend="auto",', 'not backend="fa3"'),
+        ("D4", CUDA, "return major >= 9", "return major >= 8", "expected one `return major >= 9`"),
+        (
+            "V7a",
+            INDEXER_0300,
+            "                pool_topk = torch.empty(",
+            "                pool_topk = torch.zeros(",
+            "expected one `pool_topk = torch.empty(...)` under `if has_prefill:`",
+        ),
+        (
+            "V7c",
+            KPOOL,
+            "hist_out = tl.where(pid >= 0, hist_val, -1)",
+            "hist_out = tl.where(pid > -1, hist_val, -1)",
+            "not tl.where(pid >= 0, ...)",
+        ),
+        ("F1", MLA_HEADER, "? 32 : CTA_TILE_KV;", "? 64 : CTA_TILE_KV;", INSTALL_FIRST),
+        (
+            "F2",
+            MLA_CORE,
+            "            if major != 9:\n",
+            "            if major < 9:\n",
+            "`if major != 9:` in plan's FP8 branch",
+        ),
+    ],
+)
 def test_drift_is_refused_and_the_tree_is_untouched(root, change, relative, old, new, message):
     target = root("0.30.0", "0.6.18")
     rewrite(target / relative, old, new)
@@ -216,12 +263,17 @@ def dispatch(patched_0300, release, tmp_path_factory):
     """The probe's report on the stock tree and on the patched one."""
     stock = tmp_path_factory.mktemp("v8-stock") / "root"
     shutil.copytree(release("0.30.0") / "vllm", stock / "vllm", copy_function=os.link)
-    shutil.copytree(flashinfer_tree("0.6.18") / "flashinfer", stock / "flashinfer", copy_function=os.link)
+    shutil.copytree(
+        flashinfer_tree("0.6.18") / "flashinfer", stock / "flashinfer", copy_function=os.link
+    )
     reports = {}
     for name, tree in (("stock", stock), ("patched", patched_0300[0])):
         result = subprocess.run(
-            [sys.executable, str(PROBES / "sm121_dispatch.py")], capture_output=True, text=True,
-            timeout=900, check=False,
+            [sys.executable, str(PROBES / "sm121_dispatch.py")],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
             env={**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"},
         )
         assert result.returncode == 0, result.stderr[-3000:]
@@ -234,12 +286,20 @@ def dispatch(patched_0300, release, tmp_path_factory):
 def test_d1_capability_12_tries_sm90_sparse_before_sm120(dispatch):
     assert dispatch["stock"]["priorities_mla_12"] == ["TRITON_MLA", "FLASHINFER_MLA_SPARSE_SM120"]
     patched = dispatch["patched"]["priorities_mla_12"]
-    assert patched.index("FLASHINFER_MLA_SPARSE_SM90") < patched.index("FLASHINFER_MLA_SPARSE_SM120")
+    assert patched.index("FLASHINFER_MLA_SPARSE_SM90") < patched.index(
+        "FLASHINFER_MLA_SPARSE_SM120"
+    )
 
 
 def test_d4_pdl_only_on_majors_9_and_10(dispatch):
     assert dispatch["stock"]["pdl"] == {"8": False, "9": True, "10": True, "11": True, "12": True}
-    assert dispatch["patched"]["pdl"] == {"8": False, "9": True, "10": True, "11": False, "12": False}
+    assert dispatch["patched"]["pdl"] == {
+        "8": False,
+        "9": True,
+        "10": True,
+        "11": False,
+        "12": False,
+    }
 
 
 def test_d2a_d2c_sm90_backend_on_capability_12(dispatch):
@@ -261,7 +321,10 @@ def test_d2b_fa3_on_hopper_fa2_on_gb10(dispatch):
 
 
 def test_f2_flashinfer_plans_fp8_mla_on_sm121(dispatch):
-    stock, patched = dispatch["stock"]["flashinfer_fp8_plan"], dispatch["patched"]["flashinfer_fp8_plan"]
+    stock, patched = (
+        dispatch["stock"]["flashinfer_fp8_plan"],
+        dispatch["patched"]["flashinfer_fp8_plan"],
+    )
     assert stock["9"] == patched["9"] == "planned"
     assert "requires an SM90 (Hopper) device, got SM121" in stock["12"]
     assert patched["12"] == "planned"
@@ -274,7 +337,10 @@ def test_v7c_pool_ids_past_pool_len_expand_to_minus_one(patched_0300, release):
     for name, tree in (("stock", release("0.30.0")), ("patched", patched_0300[0])):
         result = subprocess.run(
             [sys.executable, str(PROBES / "kpool_expand.py"), str(tree / KPOOL)],
-            capture_output=True, text=True, timeout=600, check=False,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
             env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONDONTWRITEBYTECODE": "1"},
         )
         assert result.returncode == 0, result.stderr[-3000:]
@@ -292,7 +358,11 @@ def _fp8_tile_values(header: Path, tmp_path: Path, name: str) -> dict[str, int]:
     """EFF_CTA_TILE_KV as the header's own line computes it, compiled and run by g++."""
     compiler = shutil.which("g++")
     assert compiler, "g++ is needed to evaluate F1's C++ expression (apt-get install g++)"
-    lines = [line for line in header.read_text().splitlines() if "constexpr uint32_t EFF_CTA_TILE_KV =" in line]
+    lines = [
+        line
+        for line in header.read_text().splitlines()
+        if "constexpr uint32_t EFF_CTA_TILE_KV =" in line
+    ]
     assert len(lines) == 1
     program = tmp_path / f"{name}.cc"
     program.write_text(
@@ -306,7 +376,9 @@ def _fp8_tile_values(header: Path, tmp_path: Path, name: str) -> dict[str, int]:
         "}\n"
     )
     binary = tmp_path / name
-    subprocess.run([compiler, "-std=c++17", "-o", str(binary), str(program)], check=True, timeout=120)
+    subprocess.run(
+        [compiler, "-std=c++17", "-o", str(binary), str(program)], check=True, timeout=120
+    )
     output = subprocess.run([str(binary)], capture_output=True, text=True, check=True).stdout
     return {key: int(value) for key, value in re.findall(r"(\S+)=(\d+)", output)}
 

@@ -19,7 +19,9 @@ WANTED = ("_expand_pools_and_append_tail_kernel", "expand_pools_and_append_tail"
 
 def load(path: str) -> dict:
     tree = ast.parse(open(path, encoding="utf-8").read(), filename=path)
-    functions = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name in WANTED]
+    functions = [
+        node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name in WANTED
+    ]
     assert sorted(f.name for f in functions) == sorted(WANTED), f"{path}: {WANTED} not both found"
     namespace = {"torch": torch, "triton": triton, "tl": tl}
     code = compile(ast.Module(body=functions, type_ignores=[]), path, "exec")

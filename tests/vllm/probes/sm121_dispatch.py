@@ -30,8 +30,11 @@ def with_major(major: int) -> None:
 
 def backend_priorities() -> list[str]:
     found = cuda._get_backend_priorities(
-        use_mla=True, device_capability=DeviceCapability(12, 1), num_heads=16,
-        kv_cache_dtype="fp8_e4m3", head_size=576,
+        use_mla=True,
+        device_capability=DeviceCapability(12, 1),
+        num_heads=16,
+        kv_cache_dtype="fp8_e4m3",
+        head_size=576,
     )
     return [backend.name for backend in found]
 
@@ -63,8 +66,14 @@ def sm90_backend() -> dict:
         for kv in ("auto", "bfloat16", "fp8_e4m3"):
             with set_current_vllm_config(VllmConfig()):
                 verdict = backend.supports_combination(
-                    head_size=576, dtype=torch.bfloat16, kv_cache_dtype=kv, block_size=64,
-                    use_mla=True, has_sink=False, use_sparse=True, use_mm_prefix=False,
+                    head_size=576,
+                    dtype=torch.bfloat16,
+                    kv_cache_dtype=kv,
+                    block_size=64,
+                    use_mla=True,
+                    has_sink=False,
+                    use_sparse=True,
+                    use_mm_prefix=False,
                     device_capability=DeviceCapability(12, 1),
                 )
             combination[f"feature={feature} kv={kv}"] = verdict
@@ -105,14 +114,25 @@ def flashinfer_fp8_plan() -> dict[str, str]:
         # Pinned host memory needs the driver: the wrapper's constructor gets plain memory.
         torch.empty = lambda *args, pin_memory=False, **kwargs: real_empty(*args, **kwargs)
         _core.get_compute_capability = lambda device, major=major: (major, 1 if major == 12 else 0)
-        wrapper = _core.BatchMLAPagedAttentionWrapper(torch.empty(1024, dtype=torch.uint8), backend="fa2")
+        wrapper = _core.BatchMLAPagedAttentionWrapper(
+            torch.empty(1024, dtype=torch.uint8), backend="fa2"
+        )
         torch.empty = real_empty
         indptr = torch.tensor([0, 1], dtype=torch.int32)
         try:
             wrapper.plan(
-                indptr, indptr, torch.tensor([0], dtype=torch.int32), torch.tensor([1], dtype=torch.int32),
-                num_heads=16, head_dim_ckv=512, head_dim_kpe=64, page_size=64, causal=False,
-                sm_scale=0.1, q_data_type=torch.bfloat16, kv_data_type=torch.float8_e4m3fn,
+                indptr,
+                indptr,
+                torch.tensor([0], dtype=torch.int32),
+                torch.tensor([1], dtype=torch.int32),
+                num_heads=16,
+                head_dim_ckv=512,
+                head_dim_kpe=64,
+                page_size=64,
+                causal=False,
+                sm_scale=0.1,
+                q_data_type=torch.bfloat16,
+                kv_data_type=torch.float8_e4m3fn,
             )
             verdicts[str(major)] = "planned"
         except ValueError as error:
