@@ -265,8 +265,13 @@ prepare_wheelhouse() {
 # once with their sha256 checked against patches/v8/packages.txt (--require-hashes).
 prepare_sm121_wheelhouse() {
   next_step
-  local key dir minor n platforms=()
-  key="cp${python_version/./}-${base_machine}-glibc${base_glibc}-$(sha256_of "${SM121_PACKAGES_FILE}" | cut -c1-12)"
+  local key dir minor n platforms=() index=()
+  # The documented alternative pins (FlashInfer's nightly) live on FlashInfer's own index.
+  if [[ -n "${GLM53_SM121_EXTRA_INDEX:-}" ]]; then
+    index=(--extra-index-url "${GLM53_SM121_EXTRA_INDEX}")
+  fi
+  key="cp${python_version/./}-${base_machine}-glibc${base_glibc}-$(cat "${SM121_PACKAGES_FILE}" \
+    <(echo "${GLM53_SM121_EXTRA_INDEX:-}") | sha256sum | cut -c1-12)"
   dir="${CACHE}/sm121-wheelhouse/${key}"
   if [[ ! -f "${dir}/.complete" ]]; then
     minor="${base_glibc#2.}"
@@ -280,6 +285,7 @@ prepare_sm121_wheelhouse() {
     progress "sm121 packages: downloading the wheels of ${SM121_PACKAGES_FILE#"${REPO_ROOT}"/} for Python ${python_version} ${base_machine} (about 400 MB, once)"
     "${PYTHON}" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
       --require-hashes --implementation cp --python-version "${python_version}" "${platforms[@]}" \
+      "${index[@]}" \
       -d "${dir}" -r "${SM121_PACKAGES_FILE}" >&2 \
       || die "pip download of ${SM121_PACKAGES_FILE} for Python ${python_version} ${base_machine} failed (above); PyPI must be reachable from this host"
     touch "${dir}/.complete"
