@@ -513,8 +513,11 @@ main() {
   if [[ -z "${base_id}" ]]; then
     if [[ "${base_ref}" == "${VENDOR_IMAGE}" ]]; then
       die "base image ${base_ref} not found; get the vendor image (docker pull ${VENDOR_IMAGE}, or docker load) or pass --base IMAGE"
+    elif [[ "${from_layer}" == v8 ]]; then
+      die "base image ${base_ref} not found; pass an image this host has with --base (default: the vendor image ${VENDOR_IMAGE})"
     fi
-    die "base image ${base_ref} not found; build it first (scripts/build.sh --to ${LAYERS[$(layer_index "${from_layer}") - 1]:-v8}) or pass --base IMAGE"
+    local previous="${LAYERS[$(($(layer_index "${from_layer}") - 1))]}"
+    die "base image ${base_ref} not found; build it first (scripts/build.sh --to ${previous}) or pass --base IMAGE"
   fi
   prepare_backport
   probe_base "${base_id}"
