@@ -10,6 +10,10 @@ after COPYing the build context (staged by scripts/build.sh) to /opt/glm53-recip
    context, offline (pip --no-index), into /opt/glm53-recipe/pylib, so the base's own Python
    packages are left alone. A later layer with the same wheelhouse reuses the install.
 3. Finds the installed vllm package without importing it (importlib.util.find_spec).
+   v8 only: installs the pinned packages (patches/v8/packages.txt) from the context's
+   sm121-wheelhouse/ into the base's Python, offline (scripts/sm121-packages install), checks
+   them in a fresh interpreter (versions equal the pins, flashinfer-jit-cache absent,
+   flashinfer installed beside vllm), and deletes the wheelhouse again.
 4. Runs scripts/patch-layer LAYER --root <dir holding vllm/> --json and writes its result to
    /opt/glm53-recipe/build-record/LAYER.json, which scripts/build.sh reads back from the
    built image before it labels and tags it. A refusal fails the build (exit 3) and prints
@@ -34,9 +38,11 @@ RECORDS = RECIPE / "build-record"
 STAMP = PYLIB / ".glm53-wheelhouse-sha256"
 # What the context brings (scripts/build.sh stages exactly these).
 TOOLKIT = ("scripts", "recipekit", "patches", "requirements", "docker", "wheelhouse", "backport")
-LAYERS = ("v9", "v10", "v11")
+LAYERS = ("v8", "v9", "v10", "v11")
 OK_OUTCOMES = ("applied", "already-applied", "provided-by-base")
 BACKPORT_DIFFS = RECIPE / "backport"  # dflash2-SHAPE.diff; patch-layer v9 probes which applies
+# v8's packages arrive in the context beside the toolkit and are installed from there.
+SM121_WHEELHOUSE = INCOMING / "sm121-wheelhouse"
 
 
 def say(message: str) -> None:
@@ -48,10 +54,11 @@ def fail(message: str, code: int = 2) -> None:
     sys.exit(code)
 
 
-def install_toolkit() -> None:
+def install_toolkit(layer: str) -> None:
     if not INCOMING.is_dir():
         fail(f"{INCOMING} is missing; build with scripts/build.sh (it stages the context)")
-    missing = [name for name in TOOLKIT if not (INCOMING / name).exists()]
+    wanted = TOOLKIT + (("sm121-wheelhouse",) if layer == "v8" else ())
+    missing = [name for name in wanted if not (INCOMING / name).exists()]
     if missing:
         fail(f"the build context lacks {', '.join(missing)}; build with scripts/build.sh")
     for name in TOOLKIT:
@@ -61,7 +68,6 @@ def install_toolkit() -> None:
         elif target.exists() or target.is_symlink():
             target.unlink()
         (INCOMING / name).rename(target)
-    shutil.rmtree(INCOMING)
 
 
 def wheelhouse_digest() -> str:
@@ -131,6 +137,31 @@ def vllm_root() -> Path:
     return package.parent
 
 
+def install_packages(root: Path) -> dict:
+    """v8's pinned packages, installed from the context's wheelhouse and checked afresh."""
+    tool = str(RECIPE / "scripts" / "sm121-packages")
+    say(f"v8: installing the pinned packages of {RECIPE / 'patches/v8/packages.txt'} (offline)")
+    if subprocess.run([sys.executable, tool, "install", "--wheelhouse", str(SM121_WHEELHOUSE)]).returncode:
+        fail("v8: the pinned packages could not be installed (output above)")
+    result = subprocess.run(
+        [sys.executable, tool, "check", "--root", str(root), "--json"],
+        stdout=subprocess.PIPE, text=True, check=False,
+    )
+    try:
+        report = json.loads(result.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        fail(f"v8: sm121-packages check exited {result.returncode} without a JSON result")
+    for line in report.get("notes", []):
+        say(f"v8: note: {line}")
+    if not report.get("ok"):
+        problems = "; ".join(report.get("problems", []))
+        print(f"glm53 layer: v8: REFUSED: the installed packages are not the pins: {problems}",
+              file=sys.stderr, flush=True)
+        sys.exit(3)
+    say(f"v8: packages checked: {' '.join(report['packages'])}")
+    return report
+
+
 def run_layer(layer: str, root: Path) -> dict:
     command = [
         sys.executable,
@@ -142,6 +173,8 @@ def run_layer(layer: str, root: Path) -> dict:
     ]
     if layer == "v9":
         command += ["--diff", str(BACKPORT_DIFFS)]
+    if layer == "v8":
+        command += ["--require-flashinfer"]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PYLIB), env.get("PYTHONPATH", "")]))
     env["PYTHONDONTWRITEBYTECODE"] = "1"
@@ -176,9 +209,14 @@ def main() -> None:
         fail(f"the layer tool needs Python >= 3.10; {sys.executable} is {sys.version.split()[0]}")
     root = vllm_root()
     say(f"{layer}: vllm package at {root / 'vllm'} (python {sys.version.split()[0]})")
-    install_toolkit()
+    install_toolkit(layer)
     install_dependencies()
+    packages = install_packages(root) if layer == "v8" else None
+    shutil.rmtree(INCOMING)
     record = run_layer(layer, root)
+    if packages is not None:
+        record["packages"] = packages["packages"]
+        record["package_notes"] = packages["notes"]
     record["vllm_root"] = str(root)
     record["python"] = ".".join(map(str, sys.version_info[:3]))
     RECORDS.mkdir(parents=True, exist_ok=True)

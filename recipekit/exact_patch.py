@@ -222,6 +222,25 @@ def plan(root: Path, diff_text: str) -> PatchPlan:
         raise forward_error from None
 
 
+def plan_text(path: str, text: str, diff_text: str) -> tuple[bool, str]:
+    """A one-file diff on ``text``: (False, patched text), or (True, text) when already applied.
+
+    The same rules as ``plan``: exact context at one place, never fuzz; a diff that
+    matches neither forward nor in reverse raises PatchRefused.
+    """
+    patch = parse(diff_text)
+    if len(patch) != 1 or patch[0].is_binary_file:
+        raise PatchRefused(f"{path}: expected a diff of this one text file")
+    try:
+        return False, _apply_hunks(path, text, patch[0], reverse=False)
+    except PatchRefused as forward_error:
+        try:
+            _apply_hunks(path, text, patch[0], reverse=True)
+        except PatchRefused:
+            raise forward_error from None
+        return True, text
+
+
 def _reverse_matches(root: Path, patched_file) -> bool:
     try:
         _plan_file(root, patched_file, reverse=True)

@@ -144,16 +144,35 @@ def compile_problems(view: TreeView, relative: str) -> list[str]:
     return []
 
 
-def static_problems(view: TreeView, files: list[str]) -> list[str]:
-    """Compile errors and unresolved vLLM imports in ``files`` (python files only)."""
+def static_problems(view: TreeView, files: list[str], baseline: TreeView | None = None) -> list[str]:
+    """Compile errors and unresolved vLLM imports in ``files`` (python files only).
+
+    With ``baseline`` (the tree before a patch), an unresolved import the file already had
+    there is not the patch's doing and is left out: a release tree holds no compiled
+    extension modules (``vllm._C``), which vLLM's own files import.
+    """
     checker = ImportChecker(view)
+    before = ImportChecker(baseline) if baseline is not None else None
     problems: list[str] = []
     for relative in files:
         if not relative.endswith(".py") or not view.exists(relative):
             continue
         compile_errors = compile_problems(view, relative)
-        problems.extend(compile_errors or checker.problems(relative))
+        if compile_errors:
+            problems.extend(compile_errors)
+            continue
+        found = checker.problems(relative)
+        if before is not None and baseline.exists(relative):
+            known = {_without_line(p) for p in before.problems(relative)}
+            found = [p for p in found if _without_line(p) not in known]
+        problems.extend(found)
     return problems
+
+
+def _without_line(problem: str) -> str:
+    """``path:12: message`` without its line number."""
+    path, _, rest = problem.partition(":")
+    return f"{path}:{rest.partition(':')[2]}"
 
 
 def torch_importable(python: str = sys.executable) -> bool:

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Build the image chain v9 -> v10 -> v11 (docker/Dockerfile.sm121-v*), in order, each FROM the
-# previous tag, starting from the fork image tagged glm53-sm121-v8 (or --base IMAGE).
+# Build the image chain v8 -> v9 -> v10 -> v11 (docker/Dockerfile.sm121-v*), in order, each FROM
+# the previous tag, starting from the vendor image vllm/vllm-openai:glm53-flash-arm64-cu130 (or
+# --base IMAGE).
 #
-#   scripts/build.sh [--base IMAGE] [--from v9] [--to v11] [--check] [--tag-prefix PREFIX]
+#   scripts/build.sh [--base IMAGE] [--from v8] [--to v11] [--check] [--tag-prefix PREFIX]
 #                    [--verbose]
 #
-#   --base IMAGE        the image the first layer builds on (default: PREFIXglm53-sm121-v8 for
-#                       --from v9, else the previous layer's tag)
-#   --from, --to        the layers to build (default v9 to v11)
+#   --base IMAGE        the image the first layer builds on (default: the vendor image for
+#                       --from v8, else the previous layer's tag, e.g. PREFIXglm53-sm121-v8)
+#   --from, --to        the layers to build (default v8 to v11)
 #   --check             print what would be built and what is up to date; build and tag nothing
 #   --tag-prefix PREFIX put every tag of the chain under PREFIX (also $GLM53_TAG_PREFIX), e.g.
 #                       "test-123-" gives test-123-glm53-sm121-v9; tests use it
@@ -16,7 +17,9 @@
 # Before the layers: the v9 backport is generated (scripts/make-backport, sha256-pinned), the
 # base's Python and platform are probed in a throwaway container (--network none), a
 # wheelhouse of requirements/tool.txt for that Python is downloaded on the host (cached), and
-# the build context is staged in build/context. An image whose glm53.inputs label equals the
+# the build context is staged in build/context. With v8 in the range, the wheels of v8's pinned
+# packages (patches/v8/packages.txt, --require-hashes) are downloaded too (cached) and staged
+# with the toolkit in build/context-v8, the context of v8 alone. An image whose glm53.inputs label equals the
 # hash of this build's inputs (base image ID, Dockerfile, staged context) is not rebuilt. A
 # layer is tagged only after its result, read back from the built image, is applied,
 # already-applied or provided-by-base; when a layer fails, its tag and the later layers' tags
@@ -28,7 +31,10 @@ set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 readonly REPO_ROOT
-readonly LAYERS=(v9 v10 v11)
+readonly LAYERS=(v8 v9 v10 v11)
+# The image v8 builds on by default: the vendor's GLM-5.3-Flash image (REFERENCE.md).
+readonly VENDOR_IMAGE=vllm/vllm-openai:glm53-flash-arm64-cu130
+readonly SM121_PACKAGES_FILE="${REPO_ROOT}/patches/v8/packages.txt"
 # Bump when what an image is built from, or how it is labelled, changes outside the hashed
 # inputs (build context, Dockerfile, base image ID); it is part of the inputs hash.
 readonly SCHEME=glm53-build-2
@@ -41,7 +47,7 @@ readonly RECORD_DIR=/opt/glm53-recipe/build-record
 export DOCKER_BUILDKIT=0
 
 base_ref=""
-from_layer=v9
+from_layer=v8
 to_layer=v11
 check_only=""
 verbose=""
@@ -50,7 +56,10 @@ step=0
 steps=0
 summary=()
 context_hash=""
+context_v8_hash=""
 wheelhouse_hash=""
+sm121_wheelhouse_dir=""
+sm121_wheelhouse_hash=""
 backport_sha=""
 python_version=""
 base_machine=""
@@ -147,12 +156,12 @@ parse_args() {
   fi
   if [[ -z "${base_ref}" ]]; then
     if ((from_i == 0)); then
-      base_ref="$(tag_of v8)"
+      base_ref="${VENDOR_IMAGE}"
     else
       base_ref="$(tag_of "${LAYERS[from_i - 1]}")"
     fi
   fi
-  steps=$((4 + to_i - from_i + 1))
+  steps=$((4 + to_i - from_i + 1 + (from_i == 0 ? 1 : 0)))
 }
 
 check_host() {
@@ -252,6 +261,39 @@ prepare_wheelhouse() {
   wheelhouse_dir="${dir}"
 }
 
+# The wheels of v8's pinned packages for the base's Python and platform, downloaded on the host
+# once with their sha256 checked against patches/v8/packages.txt (--require-hashes).
+prepare_sm121_wheelhouse() {
+  next_step
+  local key dir minor n platforms=() index=()
+  # The documented alternative pins (FlashInfer's nightly) live on FlashInfer's own index.
+  if [[ -n "${GLM53_SM121_EXTRA_INDEX:-}" ]]; then
+    index=(--extra-index-url "${GLM53_SM121_EXTRA_INDEX}")
+  fi
+  key="cp${python_version/./}-${base_machine}-glibc${base_glibc}-$(cat "${SM121_PACKAGES_FILE}" \
+    <(echo "${GLM53_SM121_EXTRA_INDEX:-}") | sha256sum | cut -c1-12)"
+  dir="${CACHE}/sm121-wheelhouse/${key}"
+  if [[ ! -f "${dir}/.complete" ]]; then
+    minor="${base_glibc#2.}"
+    for ((n = 5; n <= minor; n++)); do
+      platforms+=(--platform "manylinux_2_${n}_${base_machine}")
+    done
+    platforms+=(--platform "manylinux2014_${base_machine}" --platform "manylinux2010_${base_machine}"
+      --platform "manylinux1_${base_machine}")
+    rm -rf "${dir}"
+    mkdir -p "${dir}"
+    progress "sm121 packages: downloading the wheels of ${SM121_PACKAGES_FILE#"${REPO_ROOT}"/} for Python ${python_version} ${base_machine} (about 400 MB, once)"
+    "${PYTHON}" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+      --require-hashes --implementation cp --python-version "${python_version}" "${platforms[@]}" \
+      "${index[@]}" \
+      -d "${dir}" -r "${SM121_PACKAGES_FILE}" >&2 \
+      || die "pip download of ${SM121_PACKAGES_FILE} for Python ${python_version} ${base_machine} failed (above); PyPI must be reachable from this host"
+    touch "${dir}/.complete"
+  fi
+  sm121_wheelhouse_dir="${dir}"
+  progress "sm121 packages: ${dir} ($(du -sh "${dir}" | cut -f1), $(find "${dir}" -name '*.whl' | wc -l) wheels)"
+}
+
 # build/context: exactly what the Dockerfiles COPY, so that its hash is the build's input.
 stage_context() {
   next_step
@@ -270,6 +312,28 @@ stage_context() {
   context_hash="$(tree_hash "${BUILD_DIR}/context")"
   wheelhouse_hash="$(tree_hash "${BUILD_DIR}/context/wheelhouse")"
   progress "context: build/context (sha256 ${context_hash:0:16}, $(du -sh "${BUILD_DIR}/context" | cut -f1))"
+  [[ -n "${sm121_wheelhouse_dir}" ]] || return 0
+  # v8 alone gets the package wheels: hard links to the cache, so staging copies nothing.
+  staging="${BUILD_DIR}/context-v8.new"
+  rm -rf "${staging}"
+  cp -al "${BUILD_DIR}/context" "${staging}"
+  mkdir -p "${staging}/sm121-wheelhouse"
+  cp -l "${sm121_wheelhouse_dir}"/*.whl "${staging}/sm121-wheelhouse/" 2>/dev/null \
+    || cp "${sm121_wheelhouse_dir}"/*.whl "${staging}/sm121-wheelhouse/"
+  rm -rf "${BUILD_DIR}/context-v8"
+  mv "${staging}" "${BUILD_DIR}/context-v8"
+  context_v8_hash="$(tree_hash "${BUILD_DIR}/context-v8")"
+  sm121_wheelhouse_hash="$(tree_hash "${BUILD_DIR}/context-v8/sm121-wheelhouse")"
+  progress "context: build/context-v8 (sha256 ${context_v8_hash:0:16}, $(du -sh "${BUILD_DIR}/context-v8" | cut -f1))"
+}
+
+# The directory the Dockerfile of LAYER is built from.
+context_of() {
+  if [[ "$1" == v8 ]]; then
+    echo "${BUILD_DIR}/context-v8"
+  else
+    echo "${BUILD_DIR}/context"
+  fi
 }
 
 recipe_commit() {
@@ -289,7 +353,8 @@ inputs_hash() {
   local layer="$1" base_id="$2"
   printf '%s\n' "scheme ${SCHEME}" "layer ${layer}" "base ${base_id}" \
     "dockerfile $(sha256_of "${REPO_ROOT}/docker/Dockerfile.sm121-${layer}")" \
-    "context ${context_hash}" | sha256sum | cut -d' ' -f1
+    "context $(if [[ "${layer}" == v8 ]]; then echo "${context_v8_hash}"; else echo "${context_hash}"; fi)" \
+    | sha256sum | cut -d' ' -f1
 }
 
 # The layer's own patch material: its patcher module and its patches/ directory.
@@ -298,6 +363,10 @@ patch_hash() {
   {
     sha256sum "${BUILD_DIR}/context/recipekit/layers/${layer}.py" | cut -d' ' -f1
     tree_hash "${BUILD_DIR}/context/patches/${layer}"
+    # v8's changes live in its sm121_* modules beside it.
+    if [[ "${layer}" == v8 ]]; then
+      cat "${BUILD_DIR}"/context/recipekit/layers/sm121_*.py | sha256sum | cut -d' ' -f1
+    fi
   } | sha256sum | cut -d' ' -f1
 }
 
@@ -349,7 +418,7 @@ build_layer() {
   rm -f "${iid}"
   local build=(docker build --network none --force-rm --iidfile "${iid}"
     -f "${REPO_ROOT}/docker/Dockerfile.sm121-${layer}" --build-arg "BASE_IMAGE=${base_id}"
-    "${BUILD_DIR}/context")
+    "$(context_of "${layer}")")
   local status=0
   if [[ -n "${verbose}" ]]; then
     "${build[@]}" 2>&1 | tee "${log_file}" >&2 || status=$?
@@ -417,6 +486,10 @@ build_layer() {
     "glm53.vllm.root=$(record_field "${record}" vllm_root)"
     "glm53.python=$(record_field "${record}" python)"
   )
+  if [[ "${layer}" == v8 ]]; then
+    labels+=("glm53.packages=$(record_field "${record}" packages)"
+      "glm53.packages.wheelhouse.sha256=${sm121_wheelhouse_hash}")
+  fi
   # One LABEL instruction: the classic builder makes a step (a full image copy on vfs) of
   # every --label flag.
   label_dockerfile "${built_id}" "${labels[@]}" \
@@ -444,11 +517,20 @@ main() {
   local base_id
   base_id="$(image_id "${base_ref}")"
   if [[ -z "${base_id}" ]]; then
-    die "base image ${base_ref} not found; tag the fork image (docker tag vllm/vllm-openai:glm53-flash-arm64-cu130 $(tag_of v8)) or pass --base IMAGE"
+    if [[ "${base_ref}" == "${VENDOR_IMAGE}" ]]; then
+      die "base image ${base_ref} not found; get the vendor image (docker pull ${VENDOR_IMAGE}, or docker load) or pass --base IMAGE"
+    elif [[ "${from_layer}" == v8 ]]; then
+      die "base image ${base_ref} not found; pass an image this host has with --base (default: the vendor image ${VENDOR_IMAGE})"
+    fi
+    local previous="${LAYERS[$(($(layer_index "${from_layer}") - 1))]}"
+    die "base image ${base_ref} not found; build it first (scripts/build.sh --to ${previous}) or pass --base IMAGE"
   fi
   prepare_backport
   probe_base "${base_id}"
   prepare_wheelhouse
+  if [[ "${from_layer}" == v8 ]]; then
+    prepare_sm121_wheelhouse
+  fi
   stage_context
 
   local i layer tag inputs existing started status pending="" failed=""

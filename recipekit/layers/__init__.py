@@ -11,7 +11,7 @@ from recipekit.exact_patch import PatchPlan, PatchRefused
 from recipekit.tree import TreeView
 from recipekit.verify import import_problems, static_problems, torch_importable
 
-LAYERS = ("v9", "v10", "v11")
+LAYERS = ("v8", "v9", "v10", "v11")
 EXIT_CODES = {"applied": 0, "already-applied": 0, "provided-by-base": 0, "refused": 3}
 
 
@@ -25,6 +25,7 @@ class LayerResult:
     outcome: str
     files: list[str] = field(default_factory=list)
     reason: str = ""
+    changes: list[dict] = field(default_factory=list)  # per-change findings (v8)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -52,6 +53,10 @@ class Layer:
         """Modules to import after applying, where torch is importable."""
         return []
 
+    def change_report(self) -> list[dict]:
+        """What each of the layer's changes found at the last plan (layers that report them)."""
+        return []
+
 
 def load_layer(name: str, **options) -> Layer:
     if name not in LAYERS:
@@ -64,7 +69,18 @@ def run_layer(
     layer: Layer, root: Path, check: bool = False, import_check: str = "auto"
 ) -> LayerResult:
     """Probe, apply and verify ``layer`` on the tree at ``root`` (``check``: write nothing)."""
-    root = Path(root)
+    result = _run_layer(layer, Path(root), check, import_check)
+    result.changes = layer.change_report()
+    if result.changes:
+        by_status: dict[str, list[str]] = {}
+        for finding in result.changes:
+            by_status.setdefault(finding["status"], []).append(finding["change"])
+        counts = "; ".join(f"{status}: {' '.join(ids)}" for status, ids in by_status.items())
+        result.reason = f"{result.reason} [{counts}]"
+    return result
+
+
+def _run_layer(layer: Layer, root: Path, check: bool, import_check: str) -> LayerResult:
     if not (root / "vllm" / "__init__.py").is_file():
         raise LayerSetupError(f"{root}: no vllm/__init__.py here; pass the directory holding vllm/")
     view = TreeView(root)
@@ -88,7 +104,7 @@ def run_layer(
     assert patch_plan is not None
     files = patch_plan.files
     patched = view.with_overlay({edit.path: edit.after for edit in patch_plan.edits})
-    problems = static_problems(patched, files) + layer.missing_capability(patched)
+    problems = static_problems(patched, files, baseline=view) + layer.missing_capability(patched)
     if problems:
         return LayerResult(layer.name, "refused", files, "verify failed: " + "; ".join(problems))
     if check:

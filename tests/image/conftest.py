@@ -37,13 +37,16 @@ def docker_engine() -> None:
 
 @pytest.fixture(scope="session")
 def standin(docker_engine):
-    """make_standin(version, drift=None) -> tag of a cached stand-in base image."""
-    made: dict[tuple[str, str | None], str] = {}
+    """make_standin(version, drift=None, flashinfer=None) -> tag of a cached stand-in base image."""
+    made: dict[tuple[str, str | None, str | None], str] = {}
 
-    def make(version: str, drift: str | None = None) -> str:
-        key = (version, drift)
+    def make(version: str, drift: str | None = None, flashinfer: str | None = None) -> str:
+        key = (version, drift, flashinfer)
         if key not in made:
-            command = [str(MAKE_STANDIN), *(["--drift", drift] if drift else []), version]
+            command = [
+                str(MAKE_STANDIN), *(["--drift", drift] if drift else []),
+                *(["--flashinfer", flashinfer] if flashinfer else []), version,
+            ]
             result = subprocess.run(command, capture_output=True, text=True, check=False)
             assert result.returncode == 0, f"{command} failed:\n{result.stderr}"
             made[key] = result.stdout.strip().splitlines()[-1]
@@ -82,15 +85,23 @@ def session_prefix(docker_engine):
 
 @pytest.fixture(scope="session")
 def chain_0300(standin, session_prefix):
-    """The chain built on the vLLM 0.30.0 stand-in: (prefix, base tag, the build run)."""
+    """The chain v9 -> v11 built on the vLLM 0.30.0 stand-in: (prefix, base tag, the build run).
+
+    The stand-in plays an image v8 already made (it has no FlashInfer to patch), so the
+    chain starts at v9; the fork-shaped chain below runs v8 as well.
+    """
     base = standin("0.30.0")
     prefix = session_prefix("v0300")
-    return prefix, base, run_build(prefix, "--base", base)
+    return prefix, base, run_build(prefix, "--from", "v9", "--base", base)
 
 
 @pytest.fixture(scope="session")
 def chain_fork(standin, session_prefix):
-    """The chain built on the fork-shaped stand-in: (prefix, base tag, the build run)."""
-    base = standin("fork")
+    """The whole chain v8 -> v11 on the fork-shaped stand-in: (prefix, base tag, the build run).
+
+    The stand-in carries the real flashinfer-python 0.6.17 and a flashinfer-jit-cache, as the
+    vendor image does: v8 must install the pins over them and remove the cache.
+    """
+    base = standin("fork", flashinfer="0.6.17")
     prefix = session_prefix("fork")
     return prefix, base, run_build(prefix, "--base", base)

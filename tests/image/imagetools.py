@@ -11,7 +11,10 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SH = REPO_ROOT / "scripts" / "build.sh"
 MAKE_STANDIN = REPO_ROOT / "tests" / "image" / "make-standin"
+# The layers a chain on a stand-in of an already sm_121-enabled base builds (--from v9), and the
+# whole chain from the vendor image's stand-in (the fork shape with FlashInfer).
 LAYERS = ("v9", "v10", "v11")
+FULL_CHAIN = ("v8", *LAYERS)
 
 
 def docker(*args: str, check: bool = True) -> subprocess.CompletedProcess:

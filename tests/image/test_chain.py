@@ -1,4 +1,4 @@
-"""The image chain v9 -> v10 -> v11 built by scripts/build.sh on stand-in bases, real engine."""
+"""The image chain v8 -> v9 -> v10 -> v11 built by scripts/build.sh on stand-in bases, real engine."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from tests.image.imagetools import LAYERS, REPO_ROOT, docker, image_id, labels, run_build
+from tests.image.imagetools import FULL_CHAIN, LAYERS, REPO_ROOT, docker, image_id, labels, run_build
 
 PATCH_LAYER = REPO_ROOT / "scripts" / "patch-layer"
 OK = ("applied", "already-applied", "provided-by-base")
@@ -119,23 +119,45 @@ def test_v11_image_tree_is_byte_identical_to_patch_layer_on_a_host_copy(chain_03
     assert_image_tree_matches_host(chain_0300, "0.30.0", tmp_path)
 
 
-def assert_image_tree_matches_host(chain, version, tmp_path):
+def flashinfer_src(version: str) -> Path:
+    out = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "scripts" / "flashinfer-src"), version],
+        capture_output=True, text=True, check=True,
+    )
+    return Path(out.stdout.strip())
+
+
+def assert_image_tree_matches_host(chain, version, tmp_path, layers=LAYERS):
+    """v11's trees in the image equal what patch-layer makes of the same sources on the host.
+
+    With v8 in ``layers`` the host root holds flashinfer-python 0.6.18 (what v8 installs) beside
+    vllm, and the image's flashinfer/ is compared too (bytecode pip compiled left out).
+    """
     prefix, _, run = chain
     assert run.returncode == 0, run.output
     release = vllm_src(version)
     host_root = tmp_path / "tree"
     shutil.copytree(release / "vllm", host_root / "vllm")
+    packages = ["vllm"]
+    if "v8" in layers:
+        shutil.copytree(flashinfer_src("0.6.18") / "flashinfer", host_root / "flashinfer")
+        packages.append("flashinfer")
     touched = set()
-    for layer in LAYERS:
+    for layer in layers:
         extra = ["--import-check", "off"]
         if layer == "v9":
             extra += ["--diff", str(backport_diff(prefix))]
+        if layer == "v8":
+            extra += ["--require-flashinfer"]
         result = patch_on_host(host_root, layer, *extra)
         assert result["outcome"] == labels(tag(prefix, layer))["glm53.outcome"], result
         touched.update(result["files"])
     root_in_image = labels(tag(prefix, "v11"))["glm53.vllm.root"]
-    in_image = tree_from_image(tag(prefix, "v11"), f"{root_in_image}/vllm")
-    on_host = tree_from_disk(host_root)
+    in_image, on_host = {}, {}
+    for package in packages:
+        found = tree_from_image(tag(prefix, "v11"), f"{root_in_image}/{package}")
+        in_image.update({k: v for k, v in found.items() if "__pycache__/" not in k})
+        on_host.update({f"{package}/{k}": v for k, v in tree_from_disk(host_root / package).items()})
     assert sorted(in_image) == sorted(on_host), (
         f"only in image: {sorted(set(in_image) - set(on_host))[:5]}, "
         f"only on host: {sorted(set(on_host) - set(in_image))[:5]}"
@@ -143,6 +165,8 @@ def assert_image_tree_matches_host(chain, version, tmp_path):
     differing = [name for name in on_host if in_image[name] != on_host[name]]
     assert differing == []
     pristine = tree_from_disk(release)
+    if "v8" in layers:
+        pristine.update({f"flashinfer/{k}": v for k, v in tree_from_disk(flashinfer_src("0.6.18") / "flashinfer").items()})
     assert len(touched) >= 4
     for name in touched:
         assert in_image[name] != pristine.get(name), f"{name} was not changed by the chain"
@@ -178,7 +202,7 @@ def test_rebuild_with_unchanged_inputs_builds_nothing(chain_0300):
     prefix, base, first = chain_0300
     assert first.returncode == 0, first.output
     before = {layer: image_id(tag(prefix, layer)) for layer in LAYERS}
-    again = run_build(prefix, "--base", base)
+    again = run_build(prefix, "--from", "v9", "--base", base)
     assert again.returncode == 0, again.output
     for layer in LAYERS:
         assert f"{layer}: up to date: {tag(prefix, layer)}" in again.output
@@ -191,11 +215,11 @@ def test_rebuild_with_unchanged_inputs_builds_nothing(chain_0300):
 def test_check_prints_the_plan_and_builds_nothing(chain_0300, session_prefix):
     prefix, base, first = chain_0300
     assert first.returncode == 0, first.output
-    up_to_date = run_build(prefix, "--base", base, "--check")
+    up_to_date = run_build(prefix, "--from", "v9", "--base", base, "--check")
     assert up_to_date.returncode == 0, up_to_date.output
     assert up_to_date.output.count("up to date:") == 3
     fresh = session_prefix("check")
-    plan = run_build(fresh, "--base", base, "--check")
+    plan = run_build(fresh, "--from", "v9", "--base", base, "--check")
     assert plan.returncode == 0, plan.output
     assert f"v9: would build {tag(fresh, 'v9')} on {base}" in plan.output
     assert f"v10: would build {tag(fresh, 'v10')} after v9" in plan.output
@@ -210,7 +234,7 @@ def test_0271_standin_v9_applies_then_v10_refuses_no_glm5next(standin, session_p
     # The refusal patch-layer gives on the same release on the host is what the build shows.
     expected = patch_on_host(vllm_src("0.27.1"), "v10", "--check", "--import-check", "off")
     assert expected["outcome"] == "refused" and "no Glm5Next" in expected["reason"], expected
-    run = run_build(prefix, "--base", base)
+    run = run_build(prefix, "--from", "v9", "--base", base)
     assert run.returncode == 3, run.output
     assert expected["reason"].splitlines()[0] in run.output
     assert "REFUSED" in run.output
@@ -238,7 +262,7 @@ def test_drifted_standin_fails_at_that_layer_and_leaves_it_untagged(
     assert expected["outcome"] == "refused", expected
     # An image an earlier build left under the v11 tag must not pass for this build's result.
     docker("tag", base, tag(prefix, "v11"))
-    run = run_build(prefix, "--base", base)
+    run = run_build(prefix, "--from", "v9", "--base", base)
     assert run.returncode == 3, run.output
     assert expected["reason"].splitlines()[0] in run.output
     assert labels(tag(prefix, "v9"))["glm53.outcome"] == "provided-by-base"
@@ -257,12 +281,66 @@ def test_missing_base_is_refused_by_name(session_prefix):
 
 
 def test_chain_on_the_fork_shaped_standin_applies_every_layer(chain_fork, tmp_path):
-    """The real deployment's chain, v9 -> v10 -> v11, built as images on the fork shape."""
+    """The real deployment's chain, v8 -> v9 -> v10 -> v11, built as images on the fork shape."""
     prefix, _, run = chain_fork
     assert run.returncode == 0, run.output
-    assert labels(tag(prefix, "v11"))["glm53.chain"] == "v9=applied v10=applied v11=applied"
+    assert labels(tag(prefix, "v11"))["glm53.chain"] == "v8=applied v9=applied v10=applied v11=applied"
     v9 = labels(tag(prefix, "v9"))
     assert "base shape logits-cache" in v9["glm53.reason"]
     assert "vllm/v1/worker/gpu/spec_decode/speculator.py" in v9["glm53.files"].split(",")
     assert labels(tag(prefix, "v10"))["glm53.base.id"] == image_id(tag(prefix, "v9"))
-    assert_image_tree_matches_host(chain_fork, "fork", tmp_path)
+    assert_image_tree_matches_host(chain_fork, "fork", tmp_path, FULL_CHAIN)
+
+
+PINNED = sorted([
+    "flashinfer-python==0.6.18", "nvidia-nccl-cu13==2.30.7", "nvidia-cutlass-dsl==4.6.2",
+    "nvidia-cutlass-dsl-libs-base==4.6.2", "nvidia-cutlass-dsl-libs-core==4.6.2",
+    "nvidia-cutlass-dsl-libs-cu12==4.6.2", "nvidia-cutlass-dsl-libs-cu13==4.6.2",
+])
+
+
+def test_v8_on_the_fork_standin_installs_the_pins_and_records_every_change(chain_fork):
+    prefix, base, run = chain_fork
+    assert run.returncode == 0, run.output
+    v8 = labels(tag(prefix, "v8"))
+    assert v8["glm53.outcome"] == "applied", v8["glm53.reason"]
+    assert v8["glm53.base.id"] == image_id(base)
+    assert sorted(v8["glm53.packages"].split(",")) == PINNED
+    assert re.fullmatch(r"[0-9a-f]{64}", v8["glm53.packages.wheelhouse.sha256"])
+    files = v8["glm53.files"].split(",")
+    assert "flashinfer/data/include/flashinfer/attention/mla.cuh" in files
+    assert "flashinfer/mla/_core.py" in files
+    assert "vllm/platforms/cuda.py" in files
+    # Docker hands labels down: the serving image says which pins its v8 installed.
+    assert labels(tag(prefix, "v11"))["glm53.packages"] == v8["glm53.packages"]
+    log = (REPO_ROOT / "build" / "logs" / "v8.log").read_text()
+    assert "removing flashinfer-jit-cache 0.6.17" in log
+    assert "v8: packages checked: " + " ".join(PINNED) in log
+
+
+def test_the_serving_image_holds_the_pins_and_every_v8_change(chain_fork):
+    """Inside v11: the versions, no jit-cache, and v8 already applied to the installed trees."""
+    prefix, _, run = chain_fork
+    assert run.returncode == 0, run.output
+    root = labels(tag(prefix, "v11"))["glm53.vllm.root"]
+    script = (
+        "set -e; python3 /opt/glm53-recipe/scripts/sm121-packages check --root "
+        f"{root} --json; PYTHONPATH=/opt/glm53-recipe/pylib python3 "
+        f"/opt/glm53-recipe/scripts/patch-layer v8 --root {root} --require-flashinfer --check --json; "
+        "python3 -c 'import importlib.util as u; print(u.find_spec(\"flashinfer_jit_cache\") is None)'"
+    )
+    result = docker(
+        "run", "--rm", "--network", "none", "--entrypoint", "sh", tag(prefix, "v11"), "-c", script
+    )
+    packages, check, no_jit_cache = result.stdout.splitlines()[-3:]
+    packages = json.loads(packages)
+    assert packages["ok"], packages["problems"]
+    assert packages["packages"] == PINNED
+    assert "JIT-compiles" in packages["notes"][0]
+    check = json.loads(check)
+    assert check["outcome"] == "already-applied", check["reason"]
+    found = {finding["change"]: finding["status"] for finding in check["changes"]}
+    assert {change: found[change] for change in ("D4", "V7a", "V7b", "V7c", "F1", "F2")} == dict.fromkeys(
+        ("D4", "V7a", "V7b", "V7c", "F1", "F2"), "present"
+    )
+    assert no_jit_cache == "True"

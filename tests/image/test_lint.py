@@ -73,6 +73,7 @@ def test_dockerfiles_pass_hadolint():
     assert [path.name for path in dockerfiles] == [
         "Dockerfile.sm121-v10",
         "Dockerfile.sm121-v11",
+        "Dockerfile.sm121-v8",
         "Dockerfile.sm121-v9",
     ]
     result = subprocess.run(

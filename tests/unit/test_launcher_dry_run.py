@@ -39,11 +39,11 @@ ssh -o BatchMode=yes 192.0.2.2 'docker rm --force '\''<listed-ids>'\'''
 # every node: the cache directory
 mkdir -p /home/user/.cache/huggingface
 ssh -o BatchMode=yes 192.0.2.2 'mkdir -p /home/user/.cache/huggingface'
-# image: glm53-sm121-v11 must exist on the head (built by scripts/build.sh from glm53-sm121-v8 when missing) and have the head's ID on every worker (streamed when missing)
+# image: glm53-sm121-v11 must exist on the head (built by scripts/build.sh from vllm/vllm-openai:glm53-flash-arm64-cu130 when missing) and have the head's ID on every worker (streamed when missing)
 docker image inspect --format '{{.Id}}' glm53-sm121-v11
 # only when glm53-sm121-v11 is missing on the head:
-docker image inspect --format '{{.Id}}' glm53-sm121-v8
-{repo}/scripts/build.sh --base glm53-sm121-v8 --to v11
+docker image inspect --format '{{.Id}}' vllm/vllm-openai:glm53-flash-arm64-cu130
+{repo}/scripts/build.sh --base vllm/vllm-openai:glm53-flash-arm64-cu130 --to v11
 ssh -o BatchMode=yes 192.0.2.2 'docker image inspect --format '\''{{.Id}}'\'' glm53-sm121-v11'
 # only when glm53-sm121-v11 is missing on 192.0.2.2:
 docker save glm53-sm121-v11 | python3 {repo}/launcher/count_bytes.py 'glm53-sm121-v11 to 192.0.2.2' '<image-bytes>' | ssh -o BatchMode=yes 192.0.2.2 'docker load'

@@ -169,11 +169,11 @@ def test_missing_image_and_missing_base_is_refused_with_how_to_get_the_base(tmp_
     result = serve(tmp_path, state, SPEC="off")
     assert result.returncode == 2
     assert result.stderr == (
-        "refused: BASE_IMAGE=glm53-sm121-v8: not on the head, so glm53-sm121-v11 cannot be "
-        "built; get the fork image vllm/vllm-openai:glm53-flash-arm64-cu130 (docker pull or "
-        "docker load) and run docker tag vllm/vllm-openai:glm53-flash-arm64-cu130 "
-        "glm53-sm121-v8, or set BASE_IMAGE to a base you have (passed to scripts/build.sh "
-        "--base)\n")
+        "refused: BASE_IMAGE=vllm/vllm-openai:glm53-flash-arm64-cu130: not on the head, so "
+        "glm53-sm121-v11 cannot be built; get the fork image "
+        "vllm/vllm-openai:glm53-flash-arm64-cu130 (docker pull or docker load) and run docker tag "
+        "vllm/vllm-openai:glm53-flash-arm64-cu130 vllm/vllm-openai:glm53-flash-arm64-cu130, or set "
+        "BASE_IMAGE to a base you have (passed to scripts/build.sh --base)\n")
     assert started(state) == []
 
 

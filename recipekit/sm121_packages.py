@@ -1,0 +1,179 @@
+"""P of layer v8: the pinned packages, installed offline from a wheelhouse, then checked.
+
+Standard library only: it runs on the image's own Python during ``docker build``, before
+anything else of ours is importable there. ``install`` removes what must not stay
+(``flashinfer-jit-cache``; a ``flashinfer-cubin`` of another version, which makes
+``import flashinfer`` raise), then ``pip install --no-index --no-deps --require-hashes`` from
+the wheelhouse: the pins are the whole set, so no resolver can move another package (a
+FlashInfer nightly once downgraded NCCL that way). ``check`` reads what is installed with
+``importlib.metadata`` and lists every way it differs from the pins.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGES = Path(__file__).resolve().parent.parent / "patches" / "v8" / "packages.txt"
+FLASHINFER = "flashinfer-python"
+JIT_CACHE = "flashinfer-jit-cache"  # FlashInfer's AOT kernels: stale ones must not load
+CUBIN = "flashinfer-cubin"  # FlashInfer's prebuilt kernels; only on FlashInfer's own index
+CUTLASS_FAMILY = "nvidia-cutlass-dsl"  # the meta package and every nvidia-cutlass-dsl-libs-*
+
+_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
+
+
+class PackageError(RuntimeError):
+    """The packages cannot be installed or read; the message says what to do."""
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def read_pins(path: Path = PACKAGES) -> dict[str, str]:
+    """``name==version`` lines of a requirements file (hash options ignored), by canonical name."""
+    pins: dict[str, str] = {}
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as error:
+        raise PackageError(f"{path}: cannot read the pins: {error.strerror}") from None
+    for line in lines:
+        stripped = line.strip()
+        if not stripped or stripped.startswith(("#", "--hash")):
+            continue
+        found = _PIN.match(stripped)
+        if not found:
+            raise PackageError(f"{path}: `{stripped}` is not a `name==version` pin")
+        pins[canonical(found.group(1))] = found.group(2)
+    if FLASHINFER not in pins:
+        raise PackageError(f"{path}: no {FLASHINFER}==VERSION pin")
+    return pins
+
+
+def installed() -> dict[str, list[str]]:
+    """Every distribution importable from sys.path: canonical name -> versions found."""
+    importlib.invalidate_caches()
+    found: dict[str, list[str]] = {}
+    for dist in importlib.metadata.distributions():
+        name = dist.metadata["Name"]
+        if name:
+            found.setdefault(canonical(name), []).append(dist.version)
+    return found
+
+
+def check(pins: dict[str, str], present: dict[str, list[str]]) -> list[str]:
+    """Every way ``present`` differs from ``pins``, one line each (empty: all good)."""
+    problems = []
+    for name, version in pins.items():
+        versions = present.get(name, [])
+        if not versions:
+            problems.append(f"{name} is not installed; the pin is {version}")
+        elif len(versions) > 1:
+            problems.append(
+                f"{name} is installed {len(versions)} times ({', '.join(versions)}); the pin is {version}"
+            )
+        elif versions[0] != version:
+            problems.append(f"{name} is {versions[0]}; the pin is {version}")
+    if present.get(JIT_CACHE):
+        problems.append(
+            f"{JIT_CACHE} {', '.join(present[JIT_CACHE])} is installed; its AOT kernels must not load"
+        )
+    flashinfer = pins[FLASHINFER]
+    for version in present.get(CUBIN, []):
+        if version != flashinfer:
+            problems.append(
+                f"{CUBIN} {version} is installed beside {FLASHINFER} {flashinfer}; import flashinfer raises"
+            )
+    family = pins.get(CUTLASS_FAMILY)
+    if family:
+        for name, versions in sorted(present.items()):
+            if name.startswith(CUTLASS_FAMILY) and name not in pins:
+                wrong = [v for v in versions if v != family]
+                if wrong:
+                    problems.append(
+                        f"{name} is {', '.join(wrong)}; every {CUTLASS_FAMILY} package must be {family}"
+                    )
+    return problems
+
+
+def notes(pins: dict[str, str], present: dict[str, list[str]]) -> list[str]:
+    """What the user should know that is not a problem."""
+    if present.get(CUBIN):
+        return []
+    return [
+        f"{CUBIN} is not installed (it is on FlashInfer's own index only): FlashInfer JIT-compiles "
+        "its kernels on the first boot, and the launcher's JIT cache keeps them for the next"
+    ]
+
+
+def _pip(python: str, *args: str) -> subprocess.CompletedProcess:
+    # The base's pip configuration (indexes, constraints) has no say: only our arguments.
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PIP_")}
+    env.update(
+        PIP_CONFIG_FILE=os.devnull,
+        PIP_DISABLE_PIP_VERSION_CHECK="1",
+        PIP_ROOT_USER_ACTION="ignore",
+        PIP_BREAK_SYSTEM_PACKAGES="1",
+        PIP_NO_INPUT="1",
+    )
+    return subprocess.run(
+        [python, "-m", "pip", *args], env=env, capture_output=True, text=True, check=False
+    )
+
+
+def install(
+    wheelhouse: Path, packages: Path = PACKAGES, python: str = sys.executable, log=print
+) -> list[str]:
+    """Remove what must go, install the pins from ``wheelhouse``; returns what was removed."""
+    pins = read_pins(packages)
+    present = installed()
+    remove = [JIT_CACHE] if present.get(JIT_CACHE) else []
+    if any(version != pins[FLASHINFER] for version in present.get(CUBIN, [])):
+        remove.append(CUBIN)
+    removed = [f"{name} {', '.join(present[name])}" for name in remove]
+    if remove:
+        log(f"removing {', '.join(removed)}")
+        result = _pip(python, "uninstall", "--yes", *remove)
+        if result.returncode:
+            raise PackageError(f"pip uninstall {' '.join(remove)} failed: {_last_line(result)}")
+    log(f"installing {len(pins)} pinned packages offline from {wheelhouse}")
+    result = _pip(
+        python,
+        "install",
+        "--no-index",
+        "--no-deps",
+        "--require-hashes",
+        "--no-warn-script-location",
+        "--find-links",
+        str(wheelhouse),
+        "-r",
+        str(packages),
+    )
+    if result.returncode:
+        raise PackageError(
+            f"pip install -r {packages} from {wheelhouse} failed: {_last_line(result)}; the "
+            "wheelhouse must hold the pinned wheels for this Python and platform (scripts/build.sh)"
+        )
+    return removed
+
+
+def flashinfer_beside(root: Path) -> str | None:
+    """Why the importable flashinfer is not the one beside ``root``/vllm, or None."""
+    spec = importlib.util.find_spec("flashinfer")
+    if spec is None or not spec.submodule_search_locations:
+        return f"no flashinfer package is importable by {sys.executable}"
+    where = Path(list(spec.submodule_search_locations)[0]).resolve().parent
+    if where != Path(root).resolve():
+        return f"flashinfer is installed in {where}, not beside vllm in {root}; v8 patches both in one root"
+    return None
+
+
+def _last_line(result: subprocess.CompletedProcess) -> str:
+    lines = (result.stderr or result.stdout).strip().splitlines()
+    return lines[-1] if lines else f"exit {result.returncode}"
