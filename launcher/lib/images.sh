@@ -15,7 +15,7 @@ build_chain_on_head() {
   [[ ${IMAGE} == "${CHAIN_IMAGE}" ]] \
     || refuse IMAGE "${IMAGE}" "not on the head, and scripts/build.sh builds ${CHAIN_IMAGE} only; accepted: an image present on the head, or ${CHAIN_IMAGE}"
   if ! image_id_on 0 "${BASE_IMAGE}"; then
-    refuse BASE_IMAGE "${BASE_IMAGE}" "not on the head, so ${CHAIN_IMAGE} cannot be built; get the fork image ${FORK_IMAGE} (docker pull or docker load) and run docker tag ${FORK_IMAGE} ${BASE_IMAGE}, or set BASE_IMAGE to a base you have (passed to scripts/build.sh --base)"
+    refuse BASE_IMAGE "${BASE_IMAGE}" "not on the head, so ${CHAIN_IMAGE} cannot be built; docker pull or docker load it (the vendor image the chain starts from is ${FORK_IMAGE}), or set BASE_IMAGE to a base you have (passed to scripts/build.sh --base)"
   fi
   [[ -x ${build_script} ]] || die "${IMAGE} is missing and ${build_script} is not there to build it"
   say "${IMAGE} is not on the head: building the image chain from ${BASE_IMAGE}"

@@ -13,6 +13,9 @@ readonly GUARD_PHASES=(load profile kv_ready serving)
 readonly PHASE_MARKER_RE='Model loading took|Available KV cache memory|KV Cache as specified by kv_cache_memory_bytes|KV cache size: |Application startup complete'
 readonly MEM_CSV_HEADER=time_unix,elapsed_s,node,phase,mem_available_bytes,floor_bytes
 readonly GIB_BYTES=1073741824
+# A sampler silent this long is lost: a remote child can keep the pipe open after the
+# sampling loop has ended, so end-of-file alone cannot be relied on to say so.
+readonly SAMPLER_SILENCE_SECONDS=10
 
 # The remote side, POSIX sh, run as: sh -c SCRIPT memory-sampler CONTAINER MARKER_RE INTERVAL.
 # Prints "mem <kB>" every INTERVAL seconds and each phase marker as the rank logs it. The
@@ -43,6 +46,7 @@ readonly SAMPLER_SCRIPT=${SAMPLER_SCRIPT%; }
 
 GUARD_STATE=""
 GUARD_READERS=()
+GUARD_SAMPLERS=()
 RUN_DIR=""
 MEM_CSV=""
 
@@ -97,7 +101,7 @@ read_samples() {
   local index=$1 node=${NODE_LIST[$1]} line own=0 now floor bytes phase_name
   local -a floors=($((MEM_FLOOR_LOAD_GIB * GIB_BYTES)) $((MEM_FLOOR_PROFILE_GIB * GIB_BYTES))
     $((MEM_FLOOR_KV_READY_GIB * GIB_BYTES)) $((MEM_FLOOR_SERVING_GIB * GIB_BYTES)))
-  while IFS= read -r line; do
+  while IFS= read -r -t "${SAMPLER_SILENCE_SECONDS}" line; do
     if [[ ${line} =~ ^mem\ ([0-9]+)$ ]]; then
       bytes=$((BASH_REMATCH[1] * 1024))
       now=${EPOCHREALTIME/[.,]/}
@@ -120,7 +124,7 @@ read_samples() {
       fi
     fi
   done
-  guard_fires "${index}" "lost the MemAvailable samples of ${node} (its sampler over SSH ended; see MEM_GUARD in README)"
+  guard_fires "${index}" "lost the MemAvailable samples of ${node} (its sampler over SSH ended or was silent for ${SAMPLER_SILENCE_SECONDS} s; see MEM_GUARD in README)"
 }
 
 # Starts a sampler and a reader per node; MEM_CSV gets the header now and a row per sample.
@@ -141,26 +145,33 @@ start_memory_guard() {
   for index in "${!NODE_LIST[@]}"; do
     memory_sampler_argv "${index}"
     node_argv "${index}" "${CMD[@]}"
-    "${NODE_ARGV[@]}" </dev/null 2>/dev/null | read_samples "${index}" &
+    # Sampler and reader are two jobs joined by a FIFO (not a pipeline), so that each PID is
+    # known: stopping the guard must not wait on a sampler that is blocked remotely.
+    mkfifo "${GUARD_STATE}/samples.${index}" || die "cannot create a FIFO in ${GUARD_STATE}"
+    "${NODE_ARGV[@]}" </dev/null 2>/dev/null >"${GUARD_STATE}/samples.${index}" &
+    GUARD_SAMPLERS+=("$!")
+    read_samples "${index}" <"${GUARD_STATE}/samples.${index}" &
     GUARD_READERS+=("$!")
   done
   sample_interval
   say "memory guard: MemAvailable every ${REPLY} s on ${NODE_LIST[*]}, floors load ${MEM_FLOOR_LOAD_GIB} / profile ${MEM_FLOOR_PROFILE_GIB} / kv_ready ${MEM_FLOOR_KV_READY_GIB} / serving ${MEM_FLOOR_SERVING_GIB} GiB; samples in ${MEM_CSV}"
 }
 
-# Stops the readers (each sampler then ends on its next write); safe to call twice.
+# Stops the readers and the samplers (a remote loop ends on its next write); safe to call
+# twice.
 stop_memory_guard() {
   local pid
   [[ -n ${GUARD_STATE} ]] || return 0
   trap '' USR1
   : >"${GUARD_STATE}/stop"
-  for pid in "${GUARD_READERS[@]}"; do
+  for pid in "${GUARD_READERS[@]}" "${GUARD_SAMPLERS[@]}"; do
     kill "${pid}" 2>/dev/null || true
   done
-  for pid in "${GUARD_READERS[@]}"; do
+  for pid in "${GUARD_READERS[@]}" "${GUARD_SAMPLERS[@]}"; do
     wait "${pid}" 2>/dev/null || true
   done
   GUARD_READERS=()
+  GUARD_SAMPLERS=()
   rm -rf "${GUARD_STATE}"
   GUARD_STATE=""
 }

@@ -7,6 +7,7 @@ IDs, streaming, container deaths and clean-up can be programmed and checked.
 
 import csv
 import json
+import os
 import stat
 import subprocess
 import time
@@ -170,10 +171,9 @@ def test_missing_image_and_missing_base_is_refused_with_how_to_get_the_base(tmp_
     assert result.returncode == 2
     assert result.stderr == (
         "refused: BASE_IMAGE=vllm/vllm-openai:glm53-flash-arm64-cu130: not on the head, so "
-        "glm53-sm121-v11 cannot be built; get the fork image "
-        "vllm/vllm-openai:glm53-flash-arm64-cu130 (docker pull or docker load) and run docker tag "
-        "vllm/vllm-openai:glm53-flash-arm64-cu130 vllm/vllm-openai:glm53-flash-arm64-cu130, or set "
-        "BASE_IMAGE to a base you have (passed to scripts/build.sh --base)\n")
+        "glm53-sm121-v11 cannot be built; docker pull or docker load it (the vendor image the "
+        "chain starts from is vllm/vllm-openai:glm53-flash-arm64-cu130), or set BASE_IMAGE to a "
+        "base you have (passed to scripts/build.sh --base)\n")
     assert started(state) == []
 
 
@@ -308,8 +308,11 @@ def test_memory_guard_is_silent_without_a_dip_and_writes_samples(tmp_path):
     # About four samples a second per node over the ~2 s wait.
     per_node = sum(row["node"] == WORKER for row in rows)
     assert 4 <= per_node <= 40, per_node
-    times = [float(row["time_unix"]) for row in rows]
-    assert times == sorted(times) and abs(times[0] - time.time()) < 60
+    # Each node's reader appends its own rows, so time runs forward per node (two readers'
+    # rows may interleave a sample apart).
+    for node in (HEAD, WORKER):
+        times = [float(row["time_unix"]) for row in rows if row["node"] == node]
+        assert times == sorted(times) and abs(times[0] - time.time()) < 60
 
 
 def test_memory_guard_stops_every_rank_when_a_node_dips_under_the_phase_floor(tmp_path):
@@ -366,4 +369,29 @@ def test_memory_guard_fails_closed_when_a_node_cannot_be_sampled(tmp_path):
     result = serve(tmp_path, state, SPEC="off", FAKE_CURL_READY_AFTER=30, **meminfo)
     assert result.returncode == 1
     assert (f"glm53: memory guard: lost the MemAvailable samples of {WORKER} (its sampler over "
-            "SSH ended; see MEM_GUARD in README);") in result.stderr
+            "SSH ended or was silent for 10 s; see MEM_GUARD in README);") in result.stderr
+
+
+def test_memory_guard_fails_closed_when_a_node_sampler_goes_silent(tmp_path):
+    state = make_cluster(tmp_path)
+    meminfo = plant_meminfo(tmp_path)
+    silent = meminfo["FAKE_MEMINFO_DIR"] / WORKER
+    silent.unlink()
+    os.mkfifo(silent)  # nobody writes it: the worker's sampler blocks on its first read
+    started = time.monotonic()
+    try:
+        result = serve(tmp_path, state, SPEC="off", FAKE_CURL_READY_AFTER=60, **meminfo)
+    finally:
+        release_fifo_reader(silent)
+    assert result.returncode == 1
+    assert (f"glm53: memory guard: lost the MemAvailable samples of {WORKER} (its sampler over "
+            "SSH ended or was silent for 10 s; see MEM_GUARD in README);") in result.stderr
+    assert time.monotonic() - started < 40
+
+
+def release_fifo_reader(path):
+    """Ends the "remote" sampler left blocked on PATH: a writer that opens and closes it."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:
+        pass  # nobody was blocked on it any more
