@@ -226,11 +226,22 @@ probe_base() {
   progress "base: ${base_ref} (${base_id:7:12}): Python ${python_version}, ${base_machine}, glibc ${base_glibc}"
 }
 
+# pip's --platform flags for every manylinux tag the base's glibc runs, into PLATFORMS.
+manylinux_platforms() {
+  local minor=${base_glibc#2.} n
+  PLATFORMS=()
+  for ((n = 5; n <= minor; n++)); do
+    PLATFORMS+=(--platform "manylinux_2_${n}_${base_machine}")
+  done
+  PLATFORMS+=(--platform "manylinux2014_${base_machine}" --platform "manylinux2010_${base_machine}"
+    --platform "manylinux1_${base_machine}")
+}
+
 # requirements/tool.txt as wheels for the base's Python and platform, downloaded on the host
 # once (the containers reach no registry); GLM53_WHEELHOUSE names a ready-made one instead.
 prepare_wheelhouse() {
   next_step
-  local tool="${REPO_ROOT}/requirements/tool.txt" key dir minor n platforms=()
+  local tool="${REPO_ROOT}/requirements/tool.txt" key dir
   if [[ -n "${GLM53_WHEELHOUSE:-}" ]]; then
     compgen -G "${GLM53_WHEELHOUSE}/*.whl" >/dev/null \
       || die "GLM53_WHEELHOUSE=${GLM53_WHEELHOUSE} holds no .whl files"
@@ -241,16 +252,11 @@ prepare_wheelhouse() {
   key="cp${python_version/./}-${base_machine}-glibc${base_glibc}-$(sha256_of "${tool}" | cut -c1-12)"
   dir="${CACHE}/wheelhouse/${key}"
   if [[ ! -f "${dir}/.complete" ]]; then
-    minor="${base_glibc#2.}"
-    for ((n = 5; n <= minor; n++)); do
-      platforms+=(--platform "manylinux_2_${n}_${base_machine}")
-    done
-    platforms+=(--platform "manylinux2014_${base_machine}" --platform "manylinux2010_${base_machine}"
-      --platform "manylinux1_${base_machine}")
+    manylinux_platforms
     rm -rf "${dir}"
     mkdir -p "${dir}"
     "${PYTHON}" -m pip download --quiet --disable-pip-version-check --only-binary=:all: \
-      --implementation cp --python-version "${python_version}" "${platforms[@]}" \
+      --implementation cp --python-version "${python_version}" "${PLATFORMS[@]}" \
       -d "${dir}" -r "${tool}" >&2 \
       || die "pip download of ${tool} for Python ${python_version} ${base_machine} failed (above); PyPI must be reachable from this host, or set GLM53_WHEELHOUSE"
     touch "${dir}/.complete"
@@ -265,7 +271,7 @@ prepare_wheelhouse() {
 # once with their sha256 checked against patches/v8/packages.txt (--require-hashes).
 prepare_sm121_wheelhouse() {
   next_step
-  local key dir minor n platforms=() index=()
+  local key dir index=()
   # The documented alternative pins (FlashInfer's nightly) live on FlashInfer's own index.
   if [[ -n "${GLM53_SM121_EXTRA_INDEX:-}" ]]; then
     index=(--extra-index-url "${GLM53_SM121_EXTRA_INDEX}")
@@ -274,17 +280,12 @@ prepare_sm121_wheelhouse() {
     <(echo "${GLM53_SM121_EXTRA_INDEX:-}") | sha256sum | cut -c1-12)"
   dir="${CACHE}/sm121-wheelhouse/${key}"
   if [[ ! -f "${dir}/.complete" ]]; then
-    minor="${base_glibc#2.}"
-    for ((n = 5; n <= minor; n++)); do
-      platforms+=(--platform "manylinux_2_${n}_${base_machine}")
-    done
-    platforms+=(--platform "manylinux2014_${base_machine}" --platform "manylinux2010_${base_machine}"
-      --platform "manylinux1_${base_machine}")
+    manylinux_platforms
     rm -rf "${dir}"
     mkdir -p "${dir}"
     progress "sm121 packages: downloading the wheels of ${SM121_PACKAGES_FILE#"${REPO_ROOT}"/} for Python ${python_version} ${base_machine} (about 400 MB, once)"
     "${PYTHON}" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
-      --require-hashes --implementation cp --python-version "${python_version}" "${platforms[@]}" \
+      --require-hashes --implementation cp --python-version "${python_version}" "${PLATFORMS[@]}" \
       "${index[@]}" \
       -d "${dir}" -r "${SM121_PACKAGES_FILE}" >&2 \
       || die "pip download of ${SM121_PACKAGES_FILE} for Python ${python_version} ${base_machine} failed (above); PyPI must be reachable from this host"

@@ -4,8 +4,6 @@ marker, and either an atomic rename (build anywhere, publish at once) or an in-p
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import os
 import shutil
@@ -14,6 +12,7 @@ import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from recipekit.pinned_wheels import exclusive
 from recipekit.vllm_sources import cache_root
 
 COMPLETE = ".complete"
@@ -45,17 +44,6 @@ def content_key(*parts: str | bytes | Path, length: int = 12) -> str:
 def files_key(paths: Iterable[Path], *extra: str) -> str:
     """Key of a generator: the bytes of its source files plus extra pins."""
     return content_key(*sorted(paths), *extra)
-
-
-@contextlib.contextmanager
-def exclusive(lock_path: Path):
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with lock_path.open("w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def progress(message: str) -> None:
