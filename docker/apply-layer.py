@@ -67,7 +67,9 @@ def install_toolkit(layer: str) -> None:
             shutil.rmtree(target)
         elif target.exists() or target.is_symlink():
             target.unlink()
-        (INCOMING / name).rename(target)
+        # a move, not a rename: on overlay2 a directory from an earlier image layer
+        # cannot be renamed (EXDEV), so it is copied and the staged copy removed
+        shutil.move(INCOMING / name, target)
 
 
 def wheelhouse_digest() -> str:
