@@ -90,11 +90,13 @@ class EngineServer:
         log.write(f"$ {' '.join(self.argv)}\n")
         log.flush()
         self.started_at = time.monotonic()
-        # own session: the whole tree (API server, engine core, workers) is one group
+        # own process group (the whole tree: API server, engine core, workers) but not
+        # its own session: with autogroup scheduling a new session is a new CPU group,
+        # and niceness would then not yield to the bench and relay outside it
         command = ["nice", "-n", str(self.niceness), *self.argv] if self.niceness else self.argv
         self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, env=self.env,
-                                        start_new_session=True)
+                                        process_group=0)
         log.close()
         progress(f"engine {self.name}: starting on {self.url} (log {self.log_path})")
         return self
