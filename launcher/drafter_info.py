@@ -14,24 +14,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from recipekit.drafters import catalog
 
-# Published layer shapes (REFERENCE.md drafter table): (layers, attention, native window).
+# Published shapes (REFERENCE.md drafter table): layers, attention, native window,
+# causality as our v9 image resolves it (incoai's top-level is_causal: false is honoured),
+# and where the mask token's embedding row comes from. Without weights DRY_RUN cannot tell
+# whether incoai's snapshot ships its own table or shares the target's; a real run says.
 _PUBLISHED_SHAPES = {
-    "incoai/GLM-5.3-Flash-DFlash2": (5, "sliding", 2048),
-    "canada-quant/GLM-5.3-Flash-DFlash2-G": (8, "full", None),
+    "incoai/GLM-5.3-Flash-DFlash2": (5, "sliding", 2048, "non-causal", "an embedding table"),
+    "canada-quant/GLM-5.3-Flash-DFlash2-G": (8, "full", None, "non-causal", "mask_embedding.pt"),
 }
 
 
 def startup_phrase(drafter, window):
-    """The phrase prepare-drafter prints for this drafter, from the catalog and its shape."""
+    """prepare-drafter's phrase for this drafter, from the catalog and its published shape."""
     terms = drafter.licence_name
     if drafter.non_commercial:
         terms += ", non-commercial"
-    layers, attention, native_window = _PUBLISHED_SHAPES[drafter.repo_id]
+    layers, attention, native_window, causality, mask_row = _PUBLISHED_SHAPES[drafter.repo_id]
     if attention == "full":
         shape = f"{layers} full-attention layers served at a {window}-token window"
     else:
         shape = f"{layers} sliding layers, window {native_window}"
-    return f"{drafter.repo_id} ({terms}), {shape}"
+    return f"{drafter.repo_id} ({terms}), {shape}, {causality}, mask row from {mask_row}"
 
 
 def main(argv):

@@ -32,6 +32,13 @@ Facts it encodes (REFERENCE.md, "The fork image the seed builds on"):
    in the fork's shape (``forkshape_planner.py.txt``): the same function names,
    signatures and 8-tuple as 0.30.0, the statement shapes REFERENCE.md describes,
    and tensors in the 0.27.1 form.
+8. The fork carries the SM90 sparse-MLA (NoPE) attention backend, as the seed's v8
+   shows: its exact-text edits D1 and D2a-c had to match once on the fork image. So
+   ``v1/attention/backends/mla/flashinfer_mla_sparse_sm90.py`` is 0.30.0's (with the
+   modules it imports that 0.27.1 cannot serve), ``AttentionBackendEnum`` gains
+   0.30.0's ``FLASHINFER_MLA_SPARSE_SM90`` member after ``FLASHINFER_MLA_SPARSE_SM120``,
+   and ``utils/flashinfer.py`` gains 0.30.0's ``has_flashinfer_sm90_nope_mla``. The
+   priority list in ``platforms/cuda.py`` stays 0.27.1's (D1's target, verbatim there).
 
 Not encoded: ``config/vllm.py``'s +52-line shift (kept as 0.27.1's), and Glm5Next's
 kernels at run time (its package is proven by static checks, not imported here).
@@ -64,10 +71,14 @@ REGISTRY = "vllm/model_executor/models/registry.py"
 KV_INTERFACE = "vllm/v1/kv_cache_interface.py"
 KV_UTILS = "vllm/v1/core/kv_cache_utils.py"
 KV_LAYOUT = "vllm/v1/kv_cache_layout.py"
+SM90_BACKEND = "vllm/v1/attention/backends/mla/flashinfer_mla_sparse_sm90.py"
+ATTENTION_REGISTRY = "vllm/v1/attention/backends/registry.py"
+FLASHINFER_UTILS = "vllm/utils/flashinfer.py"
 GLM5NEXT = "vllm/models/glm5next"
 GLM5NEXT_MODEL = f"{GLM5NEXT}/nvidia/model.py"
 # Reconstructed here, never overlaid from 0.30.0 by the import closure.
-_OWN_SHAPE = {KV_INTERFACE, KV_UTILS, GUMBEL, SPECULATOR, REGISTRY}
+_OWN_SHAPE = {KV_INTERFACE, KV_UTILS, GUMBEL, SPECULATOR, REGISTRY, ATTENTION_REGISTRY,
+              FLASHINFER_UTILS}
 
 
 class ForkShapeError(RuntimeError):
@@ -156,7 +167,8 @@ def _module_of(relative: str) -> tuple[str, bool]:
 
 
 def glm5next_overlay(base: Path, source: Path) -> dict[str, str]:
-    """Glm5Next's package from ``source`` plus the modules it needs that ``base`` cannot serve.
+    """Glm5Next's package and the SM90 sparse-MLA backend from ``source``, plus the modules
+    they need that ``base`` cannot serve.
 
     A module is taken from ``source`` when an overlaid file imports it and ``base``
     lacks it or lacks one of the imported names; repeated until nothing changes.
@@ -166,7 +178,8 @@ def glm5next_overlay(base: Path, source: Path) -> dict[str, str]:
         str(p.relative_to(source)): p.read_text(encoding="utf-8")
         for p in sorted((source / GLM5NEXT).rglob("*.py"))
     }
-    overlay[KV_LAYOUT] = (source / KV_LAYOUT).read_text(encoding="utf-8")
+    for relative in (KV_LAYOUT, SM90_BACKEND):
+        overlay[relative] = (source / relative).read_text(encoding="utf-8")
     while True:
         view = TreeView(base, {k: v.encode() for k, v in overlay.items()})
         checker = ImportChecker(view)
@@ -234,6 +247,23 @@ def registry_with_glm5next(base_text: str, source_text: str) -> str:
         line_end = text.index("\n", text.index(neighbour)) + 1
         text = text[:line_end] + entry + text[line_end:]
     return text
+
+
+def attention_registry_with_sm90(base_text: str, source_text: str) -> str:
+    """0.27.1's ``AttentionBackendEnum`` plus 0.30.0's ``FLASHINFER_MLA_SPARSE_SM90`` member."""
+    where = f"{ATTENTION_REGISTRY} (fork shape)"
+    member = _between(source_text, "    FLASHINFER_MLA_SPARSE_SM90 = (\n", '"FlashInferMLASparseSM90Backend"\n    )\n', where)
+    neighbour = _between(base_text, "    FLASHINFER_MLA_SPARSE_SM120 = (\n", '"FlashInferMLASparseSM120Backend"\n    )\n', where)
+    return _replace_once(base_text, neighbour, neighbour + member, where)
+
+
+def flashinfer_utils_with_sm90_probe(base_text: str, source_text: str) -> str:
+    """0.27.1's ``vllm.utils.flashinfer`` plus 0.30.0's ``has_flashinfer_sm90_nope_mla``."""
+    where = f"{FLASHINFER_UTILS} (fork shape)"
+    start, end = _function_span(source_text, "has_flashinfer_sm90_nope_mla", where)
+    probe = "@functools.cache\n" + source_text[start:end]
+    _, after = _function_span(base_text, "has_flashinfer_moe", where)
+    return base_text[:after] + "\n\n" + probe + base_text[after:]
 
 
 def kv_interface_fork(text: str) -> str:
@@ -358,6 +388,8 @@ def fork_files(base: Path, cache: Path, glm5next: Path) -> dict[str, str]:
     changed[GLM5NEXT_MODEL] = without_moe_base(changed[GLM5NEXT_MODEL])
     changed.update(logits_cache_files(base, cache))
     changed[REGISTRY] = registry_with_glm5next(read(base, REGISTRY), read(glm5next, REGISTRY))
+    changed[ATTENTION_REGISTRY] = attention_registry_with_sm90(read(base, ATTENTION_REGISTRY), read(glm5next, ATTENTION_REGISTRY))
+    changed[FLASHINFER_UTILS] = flashinfer_utils_with_sm90_probe(read(base, FLASHINFER_UTILS), read(glm5next, FLASHINFER_UTILS))
     changed[KV_INTERFACE] = kv_interface_fork(read(base, KV_INTERFACE))
     changed[KV_UTILS] = kv_utils_fork(read(base, KV_UTILS))
     return changed

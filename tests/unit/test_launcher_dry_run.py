@@ -28,7 +28,7 @@ from tests.unit.test_launcher_support import (
 # The whole DRY_RUN of `NODES="192.0.2.1 192.0.2.2" IFACE=ifx0 HCA=hca0 DRY_RUN=1 ./run.sh`
 # on a fresh clone, reviewed line by line. The model and the drafter are pinned already
 # (the seed's commits), so nothing is resolved.
-DEFAULTS_DRY_RUN = r"""# glm53: model LibertAIDAI/GLM-5.3-Flash-NVFP4@aa28e1f54130286c95fee10d0705c74ce8743734, drafter incoai/GLM-5.3-Flash-DFlash2 (CC BY-NC-ND 4.0, non-commercial), 5 sliding layers, window 2048, revision 7d74cdd881ed7e32c31175984a67823127b66cfe, k=5, context 327680, 4 seqs, CUDA graphs (capture 1,2,4,6,12,18,24), KV pin 4445787956 bytes (4.14 GiB fp8_e4m3), image glm53-sm121-v11, nodes 192.0.2.1 192.0.2.2 (TP=2)
+DEFAULTS_DRY_RUN = r"""# glm53: model LibertAIDAI/GLM-5.3-Flash-NVFP4@aa28e1f54130286c95fee10d0705c74ce8743734, drafter incoai/GLM-5.3-Flash-DFlash2 (CC BY-NC-ND 4.0, non-commercial), 5 sliding layers, window 2048, non-causal, mask row from an embedding table, revision 7d74cdd881ed7e32c31175984a67823127b66cfe, k=5, context 327680, 4 seqs, CUDA graphs (capture 1,2,4,6,12,18,24), KV pin 4445787956 bytes (4.14 GiB fp8_e4m3), image glm53-sm121-v11, nodes 192.0.2.1 192.0.2.2 (TP=2)
 # refuse if a glm53.launcher=serve container is running on any node; then remove exited ones
 docker ps --filter label=glm53.launcher=serve --format '{{.Names}}'
 ssh -o BatchMode=yes 192.0.2.2 'docker ps --filter label=glm53.launcher=serve --format '\''{{.Names}}'\'''
@@ -182,7 +182,8 @@ def test_defaults_pinned_serve_dflash2_k5_with_graphs(tmp_path):
     assert "resolve" not in stdout
     assert startup_line(stdout) == (
         f"model {MODEL}@{MODEL_PIN}, drafter incoai/GLM-5.3-Flash-DFlash2 (CC BY-NC-ND 4.0, "
-        f"non-commercial), 5 sliding layers, window 2048, revision {DRAFTER_PIN}, k=5, "
+        f"non-commercial), 5 sliding layers, window 2048, non-causal, "
+        f"mask row from an embedding table, revision {DRAFTER_PIN}, k=5, "
         "context 327680, 4 seqs, CUDA graphs (capture 1,2,4,6,12,18,24), KV pin 4445787956 "
         "bytes (4.14 GiB fp8_e4m3), image glm53-sm121-v11, nodes 192.0.2.1 192.0.2.2 (TP=2)")
 
@@ -348,7 +349,8 @@ def test_dflash2_g_says_licence_and_window_and_serves_the_derived_dir(tmp_path):
     derived = f"/root/.cache/huggingface/glm53-drafters/dflash2-g-{DRAFTER_PIN}"
     assert_ranks(stdout, 2, dflash(5, derived) + graphs(1, 2, 4, 6, 12, 18, 24))
     assert ("drafter canada-quant/GLM-5.3-Flash-DFlash2-G (Apache-2.0), 8 full-attention "
-            "layers served at a 4096-token window") in startup_line(stdout)
+            "layers served at a 4096-token window, non-causal, mask row from mask_embedding.pt"
+            ) in startup_line(stdout)
     snapshot = ("/root/.cache/huggingface/hub/models--canada-quant--GLM-5.3-Flash-DFlash2-G/"
                 f"snapshots/{DRAFTER_PIN}")
     prepares = [argv for _, argv in node_commands(stdout) if "prepare-drafter" in " ".join(argv)]

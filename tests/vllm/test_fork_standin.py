@@ -95,3 +95,22 @@ def test_every_vllm_import_of_glm5next_resolves_in_the_stand_in(release):
     problems = static_problems(TreeView(fork), files + [forkshape.KV_UTILS, forkshape.SPECULATOR])
     # Compiled extensions (vllm._flashkda_C, ...) ship as .so files, never in a .py tree.
     assert [p for p in problems if not p.endswith("_C is not in the tree")] == []
+
+
+def test_sm90_sparse_backend_is_present_and_registered_as_v8_expects(release):
+    """Fact 8: the backend module (0.30.0's), its enum member and its FlashInfer probe;
+    the capability-12 priority list stays the one D1 edits (0.27.1's, verbatim)."""
+    fork, base, new = release("fork"), release("0.27.1"), release("0.30.0")
+    assert read(fork, forkshape.SM90_BACKEND) == read(new, forkshape.SM90_BACKEND)
+    registry = read(fork, forkshape.ATTENTION_REGISTRY)
+    assert registry.index("FLASHINFER_MLA_SPARSE_SM120 = (") < registry.index(
+        "FLASHINFER_MLA_SPARSE_SM90 = (\n        \"vllm.v1.attention.backends.mla.flashinfer_mla_sparse_sm90.\"")
+    utils = ast.parse(read(fork, forkshape.FLASHINFER_UTILS))
+    probe = next(n for n in utils.body if isinstance(n, ast.FunctionDef)
+                 and n.name == "has_flashinfer_sm90_nope_mla")
+    assert [ast.unparse(d) for d in probe.decorator_list] == ["functools.cache"]
+    cuda = "vllm/platforms/cuda.py"
+    assert read(fork, cuda) == read(base, cuda)
+    problems = static_problems(TreeView(fork), [forkshape.SM90_BACKEND, forkshape.FLASHINFER_UTILS,
+                                                forkshape.ATTENTION_REGISTRY])
+    assert problems == []
