@@ -12,6 +12,7 @@ import stat
 import subprocess
 import time
 
+from bench import plot
 from tests.unit.test_launcher_support import (
     DRAFTER_PIN,
     FAKE_SSH,
@@ -341,6 +342,12 @@ def test_memory_guard_stops_every_rank_when_a_node_dips_under_the_phase_floor(tm
     assert "glm53-rank0 log line 1" in (run_dir / "glm53-rank0.log").read_text()
     low = [row for row in samples(tmp_path) if int(row["mem_available_bytes"]) < 8 << 30]
     assert low and low[0]["node"] == WORKER and low[0]["phase"] == "profile"
+    # The file the guard wrote is the file bench/plot.py draws: the dip is marked on the
+    # worker's line, and nothing on the head's.
+    figure = plot.memory_figure(plot.load_memory_samples(str(run_dir / "memory.csv")))
+    gids = {artist.get_gid() for artist in figure.axes[0].collections}
+    assert f"under_floor/{WORKER}" in gids and f"under_floor/{HEAD}" not in gids
+    assert plot.main([str(run_dir / "memory.csv")]) == 0 and (run_dir / "memory.png").is_file()
 
 
 def test_memory_guard_uses_the_floor_of_the_phase_the_logs_reached(tmp_path):
