@@ -17,3 +17,31 @@ def pytest_collection_modifyitems(items):
         tier = Path(str(item.fspath)).relative_to(REPO_ROOT / "tests").parts[0]
         if tier in _TIERS:
             item.add_marker(getattr(pytest.mark, tier))
+
+
+# Wall time per tier (setup, call and teardown of its tests, so a session fixture's first
+# build counts in the tier that asked for it), printed at the end of every run: README's
+# per-tier costs are read from here.
+_TIER_SECONDS: dict[str, float] = {}
+_TIER_TESTS: dict[str, set[str]] = {}
+
+
+def _tier_of(nodeid: str) -> str:
+    parts = nodeid.split("/")
+    return parts[1] if len(parts) > 2 and parts[0] == "tests" and parts[1] in _TIERS else "other"
+
+
+def pytest_runtest_logreport(report):
+    tier = _tier_of(report.nodeid)
+    _TIER_SECONDS[tier] = _TIER_SECONDS.get(tier, 0.0) + report.duration
+    _TIER_TESTS.setdefault(tier, set()).add(report.nodeid)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _TIER_SECONDS:
+        return
+    terminalreporter.section("time per tier")
+    for tier in sorted(_TIER_SECONDS, key=lambda name: (_TIERS + ("other",)).index(name)):
+        minutes, seconds = divmod(round(_TIER_SECONDS[tier]), 60)
+        terminalreporter.write_line(
+            f"{tier:7} {len(_TIER_TESTS[tier]):4} tests  {minutes:3d} min {seconds:02d} s")
