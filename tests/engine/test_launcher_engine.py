@@ -44,13 +44,10 @@ def overrides(models, port: int, k: int) -> dict[str, tuple[str, str]]:
     }
 
 
-def launcher_rank0(tmp_path, models) -> tuple[list[str], dict[str, str]]:
-    """(vllm argv, container env) of rank 0 of a one-node DRY_RUN serving the tiny target."""
-    stdout = dry_run(tmp_path, nodes=1, MODEL=str(models.target), MODEL_REVISION=None)
-    (_, docker), = serve_commands(stdout).values()
-    image_at = docker.index("--entrypoint") + 2
+def rank_launch(docker: list[str]) -> tuple[list[str], dict]:
+    """(vllm argv, {"env", "mounts"}) of one rank's `docker run` as DRY_RUN printed it."""
     env, mounts = {}, {}
-    for flag, value in pairwise(docker[:image_at]):
+    for flag, value in pairwise(docker[:docker.index("--entrypoint") + 2]):
         if flag == "--env":
             name, _, setting = value.partition("=")
             env[name] = setting
@@ -58,6 +55,23 @@ def launcher_rank0(tmp_path, models) -> tuple[list[str], dict[str, str]]:
             fields = dict(part.split("=", 1) for part in value.split(",") if "=" in part)
             mounts[fields["dst"]] = fields["src"]
     return vllm_argv(docker), {"env": env, "mounts": mounts}
+
+
+def launcher_rank0(tmp_path, models) -> tuple[list[str], dict]:
+    """(vllm argv, container env and mounts) of rank 0 of a one-node DRY_RUN serving the
+    tiny target."""
+    stdout = dry_run(tmp_path, nodes=1, MODEL=str(models.target), MODEL_REVISION=None)
+    (_, docker), = serve_commands(stdout).values()
+    return rank_launch(docker)
+
+
+def assert_oracle_accepted(server, k: int, tmp_path, concurrency: str = "1") -> None:
+    """A structured bench against `server`, drafting with the oracle: acceptance is k + 1."""
+    run = run_bench(server, tmp_path, ["--phase", "structured", "--concurrency", concurrency,
+                                       "--runs", "1", "--max-tokens", str(1 + 10 * (k + 1)),
+                                       "--quiet"])
+    assert run.exit_code == 0
+    assert check_oracle(run.doc, k) == []
 
 
 def apply_overrides(argv: list[str], changes: dict[str, tuple[str, str]]) -> list[str]:
@@ -129,10 +143,4 @@ def test_the_launchers_argv_serves(launcher_server):
 
 def test_the_launchers_speculative_tokens_drive_the_engine(launcher_server, tmp_path):
     """k from run.sh (NUM_SPECULATIVE_TOKENS) reaches the engine: the oracle accepts k+1."""
-    k = launcher_server["k"]
-    run = run_bench(launcher_server["server"], tmp_path,
-                    ["--phase", "structured", "--concurrency", "1", "--runs", "1",
-                     "--max-tokens", str(1 + 10 * (k + 1)), "--quiet"])
-    assert run.exit_code == 0
-    assert check_oracle(run.doc, k) == []
-
+    assert_oracle_accepted(launcher_server["server"], launcher_server["k"], tmp_path)

@@ -20,13 +20,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine.bench_checks import check_oracle
 from tests.engine.conftest import ENGINE_NICENESS
 from tests.engine.engine_client import greedy_ids
 from tests.engine.engine_server import EngineServer, free_port
-from tests.engine.test_bench_engine import run_bench
-from tests.engine.test_launcher_engine import apply_overrides, host_env, overrides
-from tests.unit.test_launcher_support import dry_run, serve_commands, vllm_argv
+from tests.engine.test_launcher_engine import (
+    apply_overrides,
+    assert_oracle_accepted,
+    host_env,
+    overrides,
+    rank_launch,
+)
+from tests.unit.test_launcher_support import dry_run, serve_commands
 
 # the addresses and interface DRY_RUN is given by tests/unit/test_launcher_support.py
 HEAD, WORKER, IFACE = "192.0.2.1", "192.0.2.2", "ifx0"
@@ -81,18 +85,7 @@ class ApiBridge:
 def launcher_ranks(tmp_path, models) -> dict[str, tuple[list[str], dict]]:
     """rank -> (vllm argv, container env and mounts) of a two-node DRY_RUN of the tiny target."""
     stdout = dry_run(tmp_path, nodes=2, MODEL=str(models.target), MODEL_REVISION=None)
-    ranks = {}
-    for rank, (_, docker) in serve_commands(stdout).items():
-        env, mounts = {}, {}
-        for flag, value in zip(docker, docker[1:]):
-            if flag == "--env":
-                name, _, setting = value.partition("=")
-                env[name] = setting
-            elif flag == "--mount":
-                fields = dict(part.split("=", 1) for part in value.split(",") if "=" in part)
-                mounts[fields["dst"]] = fields["src"]
-        ranks[str(rank)] = (vllm_argv(docker), {"env": env, "mounts": mounts})
-    return ranks
+    return {str(rank): rank_launch(docker) for rank, (_, docker) in serve_commands(stdout).items()}
 
 
 @pytest.fixture(scope="module")
@@ -150,9 +143,4 @@ def test_two_ranks_answer_as_the_one_rank_target_does(two_ranks, server_plain):
 
 
 def test_speculative_decoding_runs_across_the_two_ranks(two_ranks, tmp_path):
-    k = two_ranks["k"]
-    run = run_bench(two_ranks["head"], tmp_path,
-                    ["--phase", "structured", "--concurrency", "1,2", "--runs", "1",
-                     "--max-tokens", str(1 + 10 * (k + 1)), "--quiet"])
-    assert run.exit_code == 0
-    assert check_oracle(run.doc, k) == []
+    assert_oracle_accepted(two_ranks["head"], two_ranks["k"], tmp_path, concurrency="1,2")
