@@ -166,7 +166,7 @@ def _module_of(relative: str) -> tuple[str, bool]:
     return (dotted[: -len(".__init__")] if is_package else dotted), is_package
 
 
-def glm5next_overlay(base: Path, source: Path) -> dict[str, str]:
+def overlay_with_import_closure(base: Path, source: Path) -> dict[str, str]:
     """Glm5Next's package and the SM90 sparse-MLA backend from ``source``, plus the modules
     they need that ``base`` cannot serve.
 
@@ -261,7 +261,7 @@ def flashinfer_utils_with_sm90_probe(base_text: str, source_text: str) -> str:
     """0.27.1's ``vllm.utils.flashinfer`` plus 0.30.0's ``has_flashinfer_sm90_nope_mla``."""
     where = f"{FLASHINFER_UTILS} (fork shape)"
     start, end = _function_span(source_text, "has_flashinfer_sm90_nope_mla", where)
-    probe = "@functools.cache\n" + source_text[start:end]
+    probe = source_text[start:end]
     _, after = _function_span(base_text, "has_flashinfer_moe", where)
     return base_text[:after] + "\n\n" + probe + base_text[after:]
 
@@ -301,11 +301,13 @@ def kv_interface_fork(text: str) -> str:
 
 
 def _function_span(text: str, name: str, where: str, kind: type = ast.FunctionDef) -> tuple[int, int]:
+    """Character span of the top-level definition ``name``, its decorators included."""
     nodes = [n for n in ast.parse(text).body if isinstance(n, kind) and n.name == name]
     if len(nodes) != 1:
         raise ForkShapeError(f"{where}: function {name} not found once")
+    first_line = min([nodes[0].lineno] + [d.lineno for d in nodes[0].decorator_list])
     lines = text.splitlines(keepends=True)
-    start = sum(len(line) for line in lines[: nodes[0].lineno - 1])
+    start = sum(len(line) for line in lines[: first_line - 1])
     end = sum(len(line) for line in lines[: nodes[0].end_lineno])
     return start, end
 
@@ -384,12 +386,14 @@ def inputs_key(wheel_hashes: dict[str, str]) -> str:
 def fork_files(base: Path, cache: Path, glm5next: Path) -> dict[str, str]:
     """Every file of the stand-in that differs from ``base`` (0.27.1), by relative path."""
     read = _read
-    changed = glm5next_overlay(base, glm5next)
+    changed = overlay_with_import_closure(base, glm5next)
     changed[GLM5NEXT_MODEL] = without_moe_base(changed[GLM5NEXT_MODEL])
     changed.update(logits_cache_files(base, cache))
     changed[REGISTRY] = registry_with_glm5next(read(base, REGISTRY), read(glm5next, REGISTRY))
-    changed[ATTENTION_REGISTRY] = attention_registry_with_sm90(read(base, ATTENTION_REGISTRY), read(glm5next, ATTENTION_REGISTRY))
-    changed[FLASHINFER_UTILS] = flashinfer_utils_with_sm90_probe(read(base, FLASHINFER_UTILS), read(glm5next, FLASHINFER_UTILS))
+    changed[ATTENTION_REGISTRY] = attention_registry_with_sm90(
+        read(base, ATTENTION_REGISTRY), read(glm5next, ATTENTION_REGISTRY))
+    changed[FLASHINFER_UTILS] = flashinfer_utils_with_sm90_probe(
+        read(base, FLASHINFER_UTILS), read(glm5next, FLASHINFER_UTILS))
     changed[KV_INTERFACE] = kv_interface_fork(read(base, KV_INTERFACE))
     changed[KV_UTILS] = kv_utils_fork(read(base, KV_UTILS))
     return changed

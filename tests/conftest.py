@@ -12,9 +12,15 @@ if str(REPO_ROOT) not in sys.path:
 _TIERS = ("unit", "vllm", "image", "engine")
 
 
+def _tier_of(nodeid: str) -> str:
+    """The tier of a test by its folder under tests/ ("other" outside the tiers)."""
+    parts = nodeid.split("/")
+    return parts[1] if len(parts) > 2 and parts[0] == "tests" and parts[1] in _TIERS else "other"
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
-        tier = Path(str(item.fspath)).relative_to(REPO_ROOT / "tests").parts[0]
+        tier = _tier_of(item.nodeid)
         if tier in _TIERS:
             item.add_marker(getattr(pytest.mark, tier))
 
@@ -24,11 +30,6 @@ def pytest_collection_modifyitems(items):
 # per-tier costs are read from here.
 _TIER_SECONDS: dict[str, float] = {}
 _TIER_TESTS: dict[str, set[str]] = {}
-
-
-def _tier_of(nodeid: str) -> str:
-    parts = nodeid.split("/")
-    return parts[1] if len(parts) > 2 and parts[0] == "tests" and parts[1] in _TIERS else "other"
 
 
 def pytest_runtest_logreport(report):
