@@ -1,24 +1,30 @@
-"""Split a setting into shell words without evaluating it: python3 words.py NAME VALUE.
+"""Shell words in and out: splitting a setting without evaluating it, quoting an argv.
 
-Prints the words NUL-terminated (bash reads them with `mapfile -d ''`). Quotes group,
-backslashes escape, and nothing expands or runs, so JSON and spaces survive as written.
+ssh hands the remote login shell one string, so every word of a worker's command is quoted
+here; the quoting is POSIX single-quoting (as shlex.quote), which bash, dash and zsh read
+back byte for byte, newlines included.
 """
 
+from __future__ import annotations
+
+import re
 import shlex
-import sys
+
+from launcher.settings import Refused
+
+_SAFE_WORD = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
 
 
-def main(argv):
-    name, value = argv[1], argv[2]
+def split(name: str, value: str) -> list[str]:
+    """VALUE as shell words: quotes group, backslashes escape, nothing expands or runs."""
     try:
-        words = shlex.split(value, comments=False, posix=True)
+        return shlex.split(value, comments=False, posix=True)
     except ValueError as error:
-        print(f"refused: {name}={value}: {error}; accepted: shell words "
-              "(quote a word that holds spaces or JSON)", file=sys.stderr)
-        return 2
-    sys.stdout.write("".join(word + "\0" for word in words))
-    return 0
+        raise Refused(f"refused: {name}={value}: {error}; accepted: shell words "
+                      "(quote a word that holds spaces or JSON)") from None
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+def quote(words: list[str]) -> str:
+    """The words as one shell line: safe words bare, every other one single-quoted."""
+    return " ".join(word if _SAFE_WORD.fullmatch(word) else "'" + word.replace("'", "'\\''") + "'"
+                    for word in words)

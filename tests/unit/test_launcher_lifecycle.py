@@ -376,7 +376,7 @@ def test_memory_guard_fails_closed_when_a_node_cannot_be_sampled(tmp_path):
     result = serve(tmp_path, state, SPEC="off", FAKE_CURL_READY_AFTER=30, **meminfo)
     assert result.returncode == 1
     assert (f"glm53: memory guard: lost the MemAvailable samples of {WORKER} (its sampler over "
-            "SSH ended or was silent for 10 s; see MEM_GUARD in README);") in result.stderr
+            "SSH ended or was silent for 10 s; see MEM_GUARD in docs/launcher.md);") in result.stderr
 
 
 def test_memory_guard_fails_closed_when_a_node_sampler_goes_silent(tmp_path):
@@ -392,7 +392,7 @@ def test_memory_guard_fails_closed_when_a_node_sampler_goes_silent(tmp_path):
         release_fifo_reader(silent)
     assert result.returncode == 1
     assert (f"glm53: memory guard: lost the MemAvailable samples of {WORKER} (its sampler over "
-            "SSH ended or was silent for 10 s; see MEM_GUARD in README);") in result.stderr
+            "SSH ended or was silent for 10 s; see MEM_GUARD in docs/launcher.md);") in result.stderr
     assert time.monotonic() - started < 40
 
 

@@ -1,9 +1,15 @@
 """Every bad value of every knob is refused before anything runs: exit 2, nothing on stdout,
-one stderr line naming the variable, its value and what is accepted (or why it is unsafe)."""
+one stderr line naming the variable, its value and what is accepted (or why it is unsafe).
+
+Each case runs twice: through run.sh, and in the launcher's Python core directly (settings,
+checks and pins, as run.sh's DRY_RUN reaches them).
+"""
 
 import pytest
 
-from tests.unit.test_launcher_support import run
+from launcher import cli, plan, recipe, serve
+from launcher.settings import Refused
+from tests.unit.test_launcher_support import launcher_env, run
 
 INT = "accepted: an integer"
 K_WHY = "DFlash2 drafts at most block size 8 - 1 tokens; accepted: an integer 1..7"
@@ -31,6 +37,7 @@ ENV_PREFIXES = "VLLM_ NCCL_ GLOO_ UCX_ TORCH_ TORCHINDUCTOR_ PYTORCH_ CUDA_ NVID
 FLOOR_WHY = "GiB of MemAvailable below which the guard stops every rank (0: no floor); accepted: an integer 0..1024"
 
 REFUSALS = [
+    ({"PROFILE": "fast"}, "PROFILE=fast: accepted: default | seed-pr | mtp | eager"),
     ({"SPEC": "dflash"}, "SPEC=dflash: accepted: dflash2 | mtp | off"),
     ({"SPEC": "MTP"}, "SPEC=MTP: accepted: dflash2 | mtp | off"),
     ({"DRAFTER": "incoai-v2"}, "DRAFTER=incoai-v2: accepted: dflash2-g | incoai | an absolute path"),
@@ -118,7 +125,7 @@ REFUSALS = [
      "EXTRA_ENV=VLLM_HOST_IP=10.0.0.1: the launcher sets VLLM_HOST_IP: set from NODES; set that instead"),
     ({"EXTRA_ENV": "NCCL_NET=Socket"},
      ("EXTRA_ENV=NCCL_NET=Socket: the launcher sets NCCL_NET: a fixed part of the seed's verified "
-      "run (README, launcher section)")),
+      "run (recipe.toml, [fixed])")),
     ({"EXTRA_ENV": "LD_PRELOAD=/tmp/x.so"},
      f"EXTRA_ENV=LD_PRELOAD=/tmp/x.so: LD_PRELOAD is not an engine variable; accepted: names starting with {ENV_PREFIXES}"),
     ({"EXTRA_ENV": "VLLM_X='unclosed"}, f"EXTRA_ENV=VLLM_X='unclosed: {WORDS_WHY}"),
@@ -192,7 +199,7 @@ REFUSALS = [
     ({"EXTRA_ARGS": "--no-trust-remote-code"},
      ("EXTRA_ARGS=--no-trust-remote-code: --no-trust-remote-code would override "
       "--trust-remote-code, which the launcher sets: a fixed part of the seed's verified run "
-      "(README, launcher section)")),
+      "(recipe.toml, [fixed])")),
     ({"SSH": "ssh -o 'BatchMode=yes"}, f"SSH=ssh -o 'BatchMode=yes: {WORDS_WHY}"),
     ({"SSH": "''"}, "SSH='': accepted: a remote-exec command such as ssh -o BatchMode=yes"),
     ({"DOCKER_ARGS": '--gpus "all'}, f'DOCKER_ARGS=--gpus "all: {WORDS_WHY}'),
@@ -202,9 +209,10 @@ REFUSALS = [
 ]
 
 
-@pytest.mark.parametrize("settings, message", REFUSALS,
-                         ids=[next(iter(settings)) + "=" + str(next(iter(settings.values())))
-                              for settings, _ in REFUSALS])
+IDS = [next(iter(settings)) + "=" + str(next(iter(settings.values()))) for settings, _ in REFUSALS]
+
+
+@pytest.mark.parametrize("settings, message", REFUSALS, ids=IDS)
 def test_bad_value_is_refused_in_one_line(tmp_path, settings, message):
     result = run(tmp_path, **settings)
     assert result.returncode == 2
@@ -212,12 +220,30 @@ def test_bad_value_is_refused_in_one_line(tmp_path, settings, message):
     assert result.stderr == f"refused: {message}\n"
 
 
-def test_every_knob_has_a_refusal_case():
-    from tests.unit.test_launcher_readme import default_settings
+def core_refusal(tmp_path, **settings):
+    """The refusal the Python core raises for SETTINGS (None when it accepts them)."""
+    try:
+        checked = cli.load(launcher_env(tmp_path, **settings))
+        plan.settle(checked, serve.nodes_of(checked))
+    except Refused as refused:
+        return refused.line
+    return None
 
+
+@pytest.mark.parametrize("settings, message", REFUSALS, ids=IDS)
+def test_the_python_core_refuses_the_same_way(tmp_path, settings, message):
+    assert core_refusal(tmp_path, **settings) == f"refused: {message}"
+
+
+def test_the_core_accepts_the_defaults(tmp_path):
+    # The refusals above are not the core refusing everything.
+    assert core_refusal(tmp_path) is None
+
+
+def test_every_knob_has_a_refusal_case():
     free_text = {"EXTRA_ARGS"}  # any shell words are fine; bad quoting is its refusal
     refused = {name for settings, _ in REFUSALS for name in settings}
-    assert set(default_settings()) - refused - free_text <= {"PINS_FILE"}
+    assert set(recipe.load().knobs) - refused - free_text <= {"PINS_FILE"}
 
 
 def test_forcing_lifts_the_context_and_kv_bounds(tmp_path):
@@ -247,7 +273,7 @@ def test_cluster_env_with_an_unknown_name_is_refused(tmp_path):
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr == (
         f"refused: NODE=192.0.2.1: in {cluster}, not a launcher setting; accepted: the names "
-        "in launcher/defaults.env\n")
+        "in recipe.toml\n")
 
 
 def test_cluster_env_line_that_is_not_a_setting_is_refused(tmp_path):

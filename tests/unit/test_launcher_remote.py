@@ -1,10 +1,14 @@
-"""Values reach a worker intact whatever characters they hold, and every script is shellcheck-clean."""
+"""Values reach a worker intact whatever characters they hold, and the entry scripts are
+shellcheck-clean."""
 
+import shlex
 import shutil
 import subprocess
 
 import pytest
 
+from launcher.remote import Nodes
+from launcher.words import quote
 from tests.unit.test_launcher_support import FAKE_SSH, REPO
 
 AWKWARD_VALUES = [
@@ -15,16 +19,10 @@ AWKWARD_VALUES = [
 
 
 def on_worker(*words):
-    """What arrives on the worker when run.sh's on_node runs `printf '%s\\0' WORDS...` there."""
-    script = (
-        'set -euo pipefail; LAUNCHER_DIR="$1"; shift; '
-        'source "$LAUNCHER_DIR/lib/settings.sh"; source "$LAUNCHER_DIR/lib/remote.sh"; '
-        'NODE_LIST=(192.0.2.1 192.0.2.2); SSH_WORDS=("$1" -o BatchMode=yes); shift; '
-        "on_node 1 printf '%s\\0' \"$@\""
-    )
-    result = subprocess.run(
-        ["bash", "-c", script, "test", str(REPO / "launcher"), str(FAKE_SSH), *words],
-        capture_output=True, timeout=30, check=True)
+    """What arrives on the worker when the launcher runs `printf '%s\\0' WORDS...` there."""
+    nodes = Nodes(("192.0.2.1", "192.0.2.2"), (str(FAKE_SSH), "-o", "BatchMode=yes"))
+    result = subprocess.run(nodes.argv(1, ["printf", "%s\\0", *words]), capture_output=True,
+                            timeout=30, check=True)
     return result.stdout.decode().split("\0")[:-1]
 
 
@@ -34,20 +32,19 @@ def test_awkward_values_arrive_byte_for_byte_through_a_posix_shell():
 
 
 @pytest.mark.parametrize("value", AWKWARD_VALUES)
-def test_quote_words_round_trips_through_python_shlex(value):
-    import shlex
+def test_quote_round_trips_through_python_shlex(value):
+    assert shlex.split(quote([value, "x y"])) == [value, "x y"]
 
-    script = ('source "$1/lib/remote.sh"; quote_words "$2" "x y"; printf %s "$REPLY"')
-    line = subprocess.run(["bash", "-c", script, "test", str(REPO / "launcher"), value],
-                          capture_output=True, text=True, timeout=30, check=True).stdout
-    assert shlex.split(line) == [value, "x y"]
+
+def test_the_head_runs_its_argv_as_is():
+    nodes = Nodes(("192.0.2.1",), ("ssh",))
+    assert nodes.argv(0, ["printf", "%s", "it's"]) == ["printf", "%s", "it's"]
 
 
 def test_scripts_are_shellcheck_clean():
     shellcheck = shutil.which("shellcheck") or "/tmp/venv/bin/shellcheck"
     scripts = [REPO / "run.sh", REPO / "stop.sh", REPO / "scripts" / "doctor",
-               REPO / "tests" / "fakes" / "fake-ssh",
-               *sorted((REPO / "launcher" / "lib").glob("*.sh"))]
+               REPO / "tests" / "fakes" / "fake-ssh"]
     result = subprocess.run([shellcheck, "--external-sources", *map(str, scripts)],
                             cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stdout + result.stderr

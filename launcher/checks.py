@@ -1,0 +1,273 @@
+"""Every knob checked before anything runs; a bad value is refused in one line.
+
+The type of each knob (recipe.toml) gives its check; what a type cannot say is a rule here,
+named by the knob's `rule`. First every knob's own value is checked, in the recipe's
+order, then the rules that read several knobs (bounds lifted by a FORCE_ knob, the node
+list, the managed flags and variables).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from launcher import words as shell_words
+from launcher.drafter import Drafter, describe
+from launcher.generation import merged_json
+from launcher.recipe import Knob, Recipe
+from launcher.settings import expand_path, profile_default, refusal, unset_refusal
+
+_INTEGER = re.compile(r"0|[1-9][0-9]{0,17}")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_HEX40 = re.compile(r"[0-9a-f]{40}")
+_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?|[0-9A-Fa-f:]*:[0-9A-Fa-f:.]*")
+_OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_IPV4 = re.compile(rf"({_OCTET}\.){{3}}{_OCTET}")
+_IPV6 = re.compile(r"[0-9A-Fa-f:]*:[0-9A-Fa-f:.]*")
+_TP = re.compile(r"[1-9][0-9]{0,3}")
+_ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
+# A name holding one of these would put a credential in `docker inspect`.
+_SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD")
+_STOCK_IMAGE = re.compile(r"(docker\.io/)?(library/)?vllm/vllm-openai(:|@|$)")
+_MAX_NODES = 16
+PATH_ACCEPTED = "accepted: an absolute path (~/ allowed) without commas"
+FIXED_PHRASE = "a fixed part of the seed's verified run (recipe.toml, [fixed])"
+
+
+@dataclass
+class Checked:
+    """The settings once every check passed: `none` emptied, paths expanded, TP filled."""
+    recipe: Recipe
+    root: Path
+    values: dict[str, str]
+    nodes: list[str] = field(default_factory=list)
+    words: dict[str, list[str]] = field(default_factory=dict)
+    generation_json: str = ""
+    drafter: Drafter | None = None
+
+    def __getitem__(self, name: str) -> str:
+        return self.values[name]
+
+    @property
+    def multi_node(self) -> bool:
+        return len(self.nodes) > 1
+
+
+def _int_check(knob: Knob, value: str) -> None:
+    if not _INTEGER.fullmatch(value) or not knob.min <= int(value) <= knob.max:
+        why = f"{knob.range_why}; " if knob.range_why else ""
+        raise refusal(knob.name, value, f"{why}accepted: an integer {knob.min}..{knob.max}")
+
+
+def _own_value(checked: Checked, knob: Knob, home: str) -> None:
+    """The knob's type check; a path knob's value is expanded here."""
+    name, value = knob.name, checked.values[knob.name]
+    if knob.required == "multi-node" or (knob.optional and value == ""):
+        return
+    if knob.type == "choice" and value not in knob.choices:
+        why = f"{knob.choices_why}; " if knob.choices_why else ""
+        raise refusal(name, value, f"{why}accepted: " + " | ".join(knob.choices))
+    if knob.type == "flag" and value not in ("0", "1"):
+        raise refusal(name, value, "accepted: 0 | 1")
+    if knob.type == "int":
+        _int_check(knob, value)
+    if knob.type in ("text", "path") and knob.pattern and value and not re.fullmatch(
+            knob.pattern, value):
+        raise refusal(name, value, f"accepted: {knob.accepted}")
+    if knob.type == "path":
+        root = checked.root if knob.relative_to == "repository" else None
+        expanded = expand_path(value, home, root)
+        if knob.mount and not _mountable(expanded):
+            raise refusal(name, value, PATH_ACCEPTED)
+        checked.values[name] = expanded
+    if knob.type == "words":
+        checked.words[name] = shell_words.split(name, value)
+
+
+def _mountable(path: str) -> bool:
+    """An absolute path that can go into `docker run --mount` (which splits on commas)."""
+    return path.startswith("/") and "," not in path and not _CONTROL.search(path)
+
+
+def _bounds(checked: Checked, knob: Knob) -> None:
+    """A value past the knob's safe bound is refused unless its FORCE_ knob is 1."""
+    value = checked.values[knob.name]
+    if not knob.force or checked.values[knob.force] == "1" or value == "":
+        return
+    context = {"safe_max": knob.safe_max, **checked.recipe.knobs}
+    why = knob.unsafe_why.format(**context)
+    if knob.safe_max is not None and int(value) > knob.safe_max:
+        raise refusal(knob.name, value, f"{why}; accepted: {knob.min}..{knob.safe_max}, or set "
+                      f"{knob.force}=1")
+    if knob.safe and value != knob.safe:
+        raise refusal(knob.name, value, f"{why}; accepted: {knob.safe}, or set {knob.force}=1")
+
+
+def _required(checked: Checked, knob: Knob) -> None:
+    """A knob needed with two or more nodes: set, and of its pattern."""
+    if knob.required != "multi-node" or not checked.multi_node:
+        return
+    value = checked.values[knob.name]
+    if not value:
+        raise unset_refusal(knob.name, knob.unset_why)
+    if knob.pattern and not re.fullmatch(knob.pattern, value):
+        raise refusal(knob.name, value, f"accepted: {knob.accepted}")
+
+
+# ----------------------------------------------------------------------------- rules
+
+
+def _drafter(checked: Checked, knob: Knob) -> None:
+    checked.drafter = describe(checked["DRAFTER"], checked["DRAFTER_WINDOW"])
+
+
+def _above_zero(checked: Checked, knob: Knob) -> None:
+    if re.fullmatch(r"0\.0*", checked[knob.name]):
+        raise refusal(knob.name, checked[knob.name], f"accepted: {knob.accepted}")
+
+
+def _generation_config(checked: Checked, knob: Knob) -> None:
+    checked.generation_json = merged_json(checked["MAX_NEW_TOKENS"], checked["GENERATION_CONFIG"])
+
+
+def _serving_image(checked: Checked, knob: Knob) -> None:
+    image = checked["IMAGE"]
+    if _STOCK_IMAGE.match(image) and checked["FORCE_STOCK_IMAGE"] != "1":
+        chain = profile_default(checked.recipe, checked.values, "IMAGE")
+        raise refusal("IMAGE", image, "stock vllm/vllm-openai images lack the v9-v11 layers "
+                      "(DFlash2 backport, Glm5Next tap capture, draft KV group); accepted: "
+                      f"{chain} (scripts/build.sh), or set FORCE_STOCK_IMAGE=1")
+
+
+def _model(checked: Checked, knob: Knob) -> None:
+    model = checked["MODEL"]
+    if model.startswith("/"):
+        if not _mountable(model):
+            raise refusal("MODEL", model, PATH_ACCEPTED)
+    elif not _REPO_ID.fullmatch(model):
+        raise refusal("MODEL", model, "accepted: a Hugging Face repo id (org/name) or an "
+                      "absolute directory")
+
+
+def _model_revision(checked: Checked, knob: Knob) -> None:
+    revision = checked["MODEL_REVISION"]
+    if checked["MODEL"].startswith("/"):
+        if revision:
+            raise refusal("MODEL_REVISION", revision, "a local MODEL directory has no revision; "
+                          "accepted: empty")
+    elif revision and not _HEX40.fullmatch(revision):
+        raise refusal("MODEL_REVISION", revision, "accepted: a 40-hex commit hash, or empty to "
+                      "resolve once and pin")
+
+
+def _nodes(checked: Checked, knob: Knob) -> None:
+    text = checked["NODES"]
+    nodes = [node for node in re.split(r"[ \t\n,]+", text) if node]
+    if not nodes:
+        raise unset_refusal("NODES", knob.unset_why)
+    if len(nodes) > _MAX_NODES:
+        raise refusal("NODES", text, f"accepted: 1 to {_MAX_NODES} addresses")
+    for at, node in enumerate(nodes):
+        if not _HOST.fullmatch(node):
+            raise refusal("NODES", text, f"'{node}' is not a host name or address; accepted: "
+                          "addresses separated by spaces or commas, head first")
+        if node in nodes[:at]:
+            raise refusal("NODES", text, f"'{node}' is listed twice; accepted: distinct addresses")
+        if len(nodes) > 1 and not (_IPV4.fullmatch(node) or _IPV6.fullmatch(node)):
+            raise refusal("NODES", text, f"'{node}' is a name; with two or more nodes each entry "
+                          "is that node's address on the link (it becomes VLLM_HOST_IP and "
+                          "--master-addr); accepted: IPv4 or IPv6 addresses")
+    checked.nodes = nodes
+
+
+def _tensor_parallel(checked: Checked, knob: Knob) -> None:
+    count, tp = len(checked.nodes), checked["TP"]
+    if not tp:
+        checked.values["TP"] = str(count)
+    elif not _TP.fullmatch(tp) or int(tp) % count:
+        raise refusal("TP", tp, f"accepted: a multiple of the node count {count} (each node "
+                      "runs TP / nodes ranks), or empty for the node count")
+
+
+def _master_port(checked: Checked, knob: Knob) -> None:
+    if checked["PORT"] == checked["MASTER_PORT"]:
+        raise refusal("MASTER_PORT", checked["MASTER_PORT"], "equals PORT; accepted: a different "
+                      "port")
+
+
+def _remote_exec(checked: Checked, knob: Knob) -> None:
+    if not checked.words["SSH"] or not checked.words["SSH"][0]:
+        raise refusal("SSH", checked["SSH"], "accepted: a remote-exec command such as ssh -o "
+                      "BatchMode=yes")
+
+
+def owner_phrase(owners: str) -> str:
+    """The end of a refusal naming what sets a flag or variable."""
+    return FIXED_PHRASE if not owners else f"set from {owners}; set that instead"
+
+
+def _extra_args(checked: Checked, knob: Knob) -> None:
+    """No flag the launcher sets, not even by an argparse prefix (the seed's
+    --kv-cache-memory was one) or a --no- negation."""
+    owners = checked.recipe.flag_owners()
+    for word in checked.words["EXTRA_ARGS"]:
+        if not word.startswith("--") or len(word) < 3:
+            continue
+        flag = word.split("=", 1)[0]
+        if flag.startswith("--no-") and len(flag) > 5:
+            flag = "--" + flag[5:]
+        for managed, owner in owners.items():
+            if managed.startswith(flag):
+                raise refusal("EXTRA_ARGS", checked["EXTRA_ARGS"],
+                              f"{word.split('=', 1)[0]} would override {managed}, which the "
+                              f"launcher sets: {owner_phrase(owner)}")
+
+
+def _extra_env(checked: Checked, knob: Knob) -> None:
+    """NAME=VALUE words for the rank containers, engine variables only; a refusal shows the
+    offending word alone (a secret-looking one without its value)."""
+    owners = checked.recipe.env_owners()
+    for word in checked.words["EXTRA_ENV"]:
+        name = word.split("=", 1)[0]
+        if "=" not in word or not _ENV_NAME.fullmatch(name):
+            raise refusal("EXTRA_ENV", word, "not NAME=VALUE with an environment variable name; "
+                          "accepted: NAME=VALUE words, NAME in capitals")
+        if _SECRET_NAME.search(name):
+            raise refusal("EXTRA_ENV", f"{name}=<hidden>", f"{name} looks like a credential (holds "
+                          "TOKEN, KEY, SECRET or PASSWORD) and would show in docker inspect; "
+                          "accepted: engine settings only (the Hub token goes in HF_TOKEN_FILE)")
+        if name in owners:
+            raise refusal("EXTRA_ENV", word, f"the launcher sets {name}: "
+                          f"{owner_phrase(owners[name])}")
+        if not name.startswith(knob.prefixes):
+            raise refusal("EXTRA_ENV", word, f"{name} is not an engine variable; accepted: names "
+                          f"starting with {' '.join(knob.prefixes)}")
+
+
+RULES: dict[str, Callable[[Checked, Knob], None]] = {
+    "drafter": _drafter, "above_zero": _above_zero, "generation_config": _generation_config,
+    "serving_image": _serving_image, "model": _model, "model_revision": _model_revision,
+    "nodes": _nodes, "tensor_parallel": _tensor_parallel, "master_port": _master_port,
+    "remote_exec": _remote_exec, "extra_args": _extra_args, "extra_env": _extra_env,
+}
+
+
+def check(recipe: Recipe, values: dict[str, str], root: Path, home: str,
+          only: tuple[str, ...] | None = None) -> Checked:
+    """VALUES checked in the recipe's order (ONLY: just these knobs, as stop.sh needs)."""
+    checked = Checked(recipe, root, dict(values))
+    knobs = [knob for knob in recipe.knobs.values() if only is None or knob.name in only]
+    for knob in knobs:
+        if knob.none and checked.values[knob.name] == "none":
+            checked.values[knob.name] = ""
+    for knob in knobs:
+        _own_value(checked, knob, home)
+    for knob in knobs:
+        _bounds(checked, knob)
+        _required(checked, knob)
+        if knob.rule:
+            RULES[knob.rule](checked, knob)
+    return checked

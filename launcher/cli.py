@@ -1,0 +1,57 @@
+"""run, stop and doctor: read the settings, check them, then print or carry out the plan.
+
+Exit codes: 0 done, 1 failed (`glm53: ...`), 2 refused (`refused: ...`), 130 interrupted;
+the doctor's own codes are in launcher/doctor.py.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from launcher import checks, recipe
+from launcher.settings import Failed, Refused, resolve
+
+ROOT = Path(__file__).resolve().parent.parent
+# What stop.sh needs of the settings.
+STOP_KNOBS = ("DRY_RUN", "NODES", "TP", "SSH")
+
+
+def load(environ=None, only=None) -> checks.Checked:
+    """The checked settings of this checkout: environment, cluster.env, profile, recipe."""
+    environ = os.environ if environ is None else environ
+    the_recipe = recipe.load()
+    cluster_file = Path(environ.get("CLUSTER_ENV") or ROOT / "cluster.env")
+    values = resolve(the_recipe, environ, cluster_file)
+    return checks.check(the_recipe, values, ROOT, environ.get("HOME", ""), only)
+
+
+def main(argv: list[str]) -> int:
+    command = argv[0] if argv else ""
+    try:
+        if command == "run":
+            from launcher import serve
+
+            return serve.run(load(), ROOT)
+        if command == "stop":
+            from launcher import serve
+
+            return serve.stop(load(only=STOP_KNOBS))
+        if command == "doctor":
+            from launcher import doctor
+
+            return doctor.main(load())
+        print("usage: launcher/entry.py run|stop|doctor", file=sys.stderr)
+        return 64
+    except Refused as refused:
+        print(refused.line, file=sys.stderr)
+        return 2
+    except Failed as failed:
+        print(f"glm53: {failed}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except OSError as error:
+        print(f"glm53: {error}", file=sys.stderr)
+        return 1

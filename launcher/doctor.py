@@ -1,0 +1,148 @@
+"""scripts/doctor: the state of a cluster run.sh started, reading only.
+
+Per node the rank container and its image ID against the head's, the speculative method
+and k in each rank's argv, and on the head whether the API answers with the served model
+and max_model_len the settings say. Safe while serving (docker inspect and one GET
+/v1/models). One line per finding, then the state; the exit code is the state.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+from launcher import plan
+from launcher.checks import Checked
+from launcher.serve import nodes_of
+from launcher.settings import Failed
+
+EXIT_READY, EXIT_MISSING, EXIT_LOADING, EXIT_MISMATCH, EXIT_DOWN = 0, 3, 4, 5, 6
+SSH_UNREACHABLE = 255
+
+
+def finding(message: str) -> None:
+    print(f"doctor: {message}", flush=True)
+
+
+def speculation_in(args: list[str]) -> tuple[str, int]:
+    """(speculative method or "none", k or 0) of a rank's `vllm serve` argv."""
+    text = None
+    for at, word in enumerate(args):
+        if word == "--speculative-config" and at + 1 < len(args):
+            text = args[at + 1]
+        elif word.startswith("--speculative-config="):
+            text = word.partition("=")[2]
+    if text is None:
+        return "none", 0
+    config = json.loads(text)
+    return config.get("method") or "none", int(config.get("num_speculative_tokens") or 0)
+
+
+class Doctor:
+    def __init__(self, checked: Checked):
+        self.checked = checked
+        self.nodes = nodes_of(checked)
+        self.launch = plan.Launch(checked, self.nodes, "", "")
+        self.present = self.down = self.mismatches = 0
+        self.rank_images: dict[int, str] = {}
+
+    def check_rank(self, index: int) -> None:
+        container, where = plan.rank_container(index), self.nodes.label(index)
+        facts = self.nodes.run(index, plan.rank_facts_argv(index), capture=True, quiet=True)
+        if facts.returncode == SSH_UNREACHABLE and index > 0:
+            finding(f"{where}: cannot reach it over SSH ({' '.join(self.nodes.ssh)})")
+            self.down += 1
+            return
+        if facts.returncode != 0:
+            finding(f"{where}: no {container} container")
+            self.down += 1
+            return
+        self.present += 1
+        state, image, args = (facts.stdout.strip().split(None, 2) + ["", "", ""])[:3]
+        self.rank_images[index] = image
+        short = image.removeprefix("sha256:")[:12]
+        if state != "running":
+            finding(f"{where}: {container} is {state} (image {short}); ./stop.sh, then ./run.sh")
+            self.down += 1
+            return
+        try:
+            method, k = speculation_in([str(word) for word in json.loads(args)])
+        except (ValueError, TypeError, AttributeError):
+            raise Failed(f"cannot read the argv of {container} on {self.nodes.addresses[index]}") \
+                from None
+        running = f"method={method} k={k}"
+        finding(f"{where}: {container} running, image {short}, speculative method={method}, k={k}")
+        expected = (f"method={plan.speculative_method(self.launch) or 'none'} "
+                    f"k={plan.speculative_tokens(self.launch)}")
+        if running != expected:
+            finding(f"{where}: {container} runs speculative {running}, the settings say "
+                    f"{expected} (SPEC, NUM_SPECULATIVE_TOKENS); restart with the settings it "
+                    "should have")
+            self.mismatches += 1
+
+    def check_images(self) -> None:
+        """Every running rank must run the head's image, and the head's IMAGE must still be it."""
+        head = self.rank_images.get(0)
+        if not head:
+            return
+        image = self.checked["IMAGE"]
+        for index, found in self.rank_images.items():
+            if index > 0 and found != head:
+                finding(f"{self.nodes.label(index)}: image {found} differs from the head's {head}; "
+                        f"./stop.sh, docker rmi {image} there, ./run.sh streams the head's")
+                self.mismatches += 1
+        current = self.nodes.output(0, plan.image_id_argv(image)) or ""
+        if current != head:
+            finding(f"IMAGE {image} on the head is {current or 'missing'}, the ranks run {head}; "
+                    "./stop.sh and ./run.sh to serve it")
+            self.mismatches += 1
+
+    def check_api(self) -> bool:
+        """Whether the API answers; a model id or length other than the settings' is counted."""
+        port = self.checked["PORT"]
+        url = f"http://127.0.0.1:{port}/v1/models"
+        body = self.nodes.output(0, plan.api_models_argv(port))
+        if body is None:
+            finding(f"API {url} does not answer (yet: a GB10 boot takes 15-21 minutes)")
+            return False
+        try:
+            first = json.loads(body)["data"][0]
+            served, length = first["id"], str(first.get("max_model_len", "unknown"))
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise Failed(f"{url} answered, but not with a model list") from None
+        finding(f"API {url} answers: model {served}, max_model_len {length}")
+        expected = self.checked["SERVED_MODEL_NAME"] or self.checked["MODEL"]
+        if served != expected:
+            finding(f"API serves {served}, the settings say {expected} (SERVED_MODEL_NAME, MODEL)")
+            self.mismatches += 1
+        if length != self.checked["MAX_MODEL_LEN"]:
+            finding(f"API max_model_len is {length}, the settings say "
+                    f"{self.checked['MAX_MODEL_LEN']} (MAX_MODEL_LEN)")
+            self.mismatches += 1
+        return True
+
+    def state(self) -> tuple[str, int]:
+        for index in range(len(self.nodes.addresses)):
+            self.check_rank(index)
+        if self.present == 0:
+            finding("no rank container on any node; ./run.sh starts them")
+            return "missing", EXIT_MISSING
+        if self.down:
+            return "down", EXIT_DOWN
+        self.check_images()
+        if self.mismatches:
+            return "mismatch", EXIT_MISMATCH
+        if not self.check_api():
+            return "loading", EXIT_LOADING
+        if self.mismatches:
+            return "mismatch", EXIT_MISMATCH
+        return "ready", EXIT_READY
+
+
+def main(checked: Checked) -> int:
+    for tool in ("docker", "curl"):
+        if not shutil.which(tool):
+            raise Failed(f"{tool} is not installed on the head")
+    state, code = Doctor(checked).state()
+    finding(f"state {state} (exit {code})")
+    return code

@@ -1,0 +1,167 @@
+"""DRY_RUN: the plan of a run as steps, each a comment and the commands it runs, printed one
+command a line (a worker's as the ssh line that runs it), in run order. The steps that run
+only under a condition (building, streaming, resolving a pin) follow a comment saying when.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from launcher import memguard, plan
+from launcher.plan import UNPINNED, Launch
+from launcher.remote import Nodes
+from launcher.words import quote
+
+
+@dataclass(frozen=True)
+class OnNode:
+    """ARGV run on node INDEX (the head: 0)."""
+    index: int
+    argv: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """Commands joined by pipes, each on its node."""
+    stages: tuple[OnNode, ...]
+
+
+@dataclass
+class Step:
+    comment: str
+    commands: list = field(default_factory=list)
+
+    def on(self, index: int, argv: list[str]) -> "Step":
+        self.commands.append(OnNode(index, tuple(argv)))
+        return self
+
+
+def _each_node(launch: Launch):
+    return range(len(launch.nodes.addresses))
+
+
+def running_check(launch: Launch) -> list[Step]:
+    step = Step(f"refuse if a {plan.SERVE_LABEL} container is running on any node; then remove "
+                "exited ones")
+    for index in _each_node(launch):
+        step.on(index, plan.running_ranks_argv())
+    return [step, *stop_steps(launch.nodes, comment=None)]
+
+
+def stop_steps(nodes: Nodes, comment: str | None) -> list[Step]:
+    """What stop.sh (and a run, before it starts) removes on every node."""
+    step = Step(comment)
+    for index in range(len(nodes.addresses)):
+        step.on(index, plan.serve_containers_argv())
+        step.on(index, ["docker", "rm", "--force", "<listed-ids>"])
+    return [step]
+
+
+def prepare_nodes(launch: Launch) -> Step:
+    token = launch["HF_TOKEN_FILE"]
+    step = Step("every node: the cache directory" + (" and a readable token file" if token else ""))
+    for index in _each_node(launch):
+        step.on(index, ["mkdir", "-p", launch["HF_CACHE"]])
+        if token:
+            step.on(index, ["test", "-r", token])
+    return step
+
+
+def images(launch: Launch, root: Path, pv: bool) -> list[Step]:
+    image, base = launch["IMAGE"], launch["BASE_IMAGE"]
+    steps = [Step(f"image: {image} must exist on the head (built by scripts/build.sh from {base} "
+                  "when missing) and have the head's ID on every worker (streamed when missing)")
+             .on(0, plan.image_id_argv(image)),
+             Step(f"only when {image} is missing on the head:")
+             .on(0, plan.image_id_argv(base)).on(0, plan.build_argv(root, launch))]
+    for index in range(1, len(launch.nodes.addresses)):
+        node = launch.nodes.addresses[index]
+        steps[-1].on(index, plan.image_id_argv(image))
+        meter = plan.meter_argv(f"{image} to {node}", "<image-bytes>", pv, root / "launcher")
+        steps.append(Step(f"only when {image} is missing on {node}:", [Pipeline((
+            OnNode(0, ("docker", "save", image)), OnNode(0, tuple(meter)),
+            OnNode(index, ("docker", "load"))))]))
+    return steps
+
+
+def jit_cache(launch: Launch) -> list[Step]:
+    if not launch["JIT_CACHE"]:
+        return []
+    step = Step("every node: the JIT cache directory of this image (JIT_CACHE/<image ID>, kept "
+                "by stop.sh)")
+    for index in _each_node(launch):
+        step.on(index, ["mkdir", "-p", launch.jit_dir])
+    return [step]
+
+
+def pins_and_drafter(launch: Launch) -> list[Step]:
+    steps = []
+    pins_file = launch["PINS_FILE"]
+    if launch.model_pin == UNPINNED:
+        steps.append(Step(f"only once: resolve {launch['MODEL']} to a commit on the head and "
+                          f"record it in {pins_file}")
+                     .on(0, plan.resolve_revision_argv(launch, launch["MODEL"])))
+    if not launch.dflash2:
+        return steps
+    drafter = launch.checked.drafter
+    if launch.drafter_pin == UNPINNED:
+        steps.append(Step(f"only once: resolve {drafter.repo_id} to a commit on the head and "
+                          f"record it in {pins_file}")
+                     .on(0, plan.resolve_revision_argv(launch, drafter.repo_id)))
+    step = Step(f"drafter: fetch it at its pin and derive {launch.draft_dir} on every node")
+    for index in _each_node(launch):
+        if not drafter.local:
+            step.on(index, plan.fetch_snapshot_argv(launch))
+        step.on(index, plan.prepare_drafter_argv(launch))
+    return [*steps, step]
+
+
+def memory_guard(launch: Launch) -> list[Step]:
+    if launch["MEM_GUARD"] != "1":
+        return []
+    floors = ", ".join(f"{phase} {launch[knob]}" for phase, knob in
+                       zip(memguard.PHASES, memguard.FLOOR_KNOBS))
+    step = Step(f"while waiting, on every node: MemAvailable every "
+                f"{memguard.interval(launch['MEM_SAMPLES_PER_SECOND'])} s and the rank log's "
+                f"phase markers; under the phase's floor ({floors} GiB) "
+                f"every rank is killed; samples to {launch['RUNS_DIR']}/<UTC time>/memory.csv")
+    for index in _each_node(launch):
+        step.on(index, memguard.sampler_argv(plan.rank_container(index),
+                                             launch["MEM_SAMPLES_PER_SECOND"]))
+    return [step]
+
+
+def ranks(launch: Launch) -> list[Step]:
+    start = Step("start one rank per node, head first")
+    for rank in plan.rank_plans(launch):
+        start.on(rank.rank, rank.docker_argv())
+    wait = Step(f"wait: poll the API every {launch['POLL_SECONDS']} s (up to "
+                f"{launch['READY_TIMEOUT']} s) while every rank is running; a dead rank stops all")
+    wait.on(0, plan.api_probe_argv(launch["PORT"]))
+    for index in _each_node(launch):
+        wait.on(index, plan.container_status_argv(index))
+    return [start, *memory_guard(launch), wait]
+
+
+def run_steps(launch: Launch, root: Path, drafter_phrase: str) -> list[Step]:
+    """Every step of a run, in order; the first is the start-up line."""
+    pv = shutil.which("pv") is not None
+    return [Step("glm53: " + plan.startup_line(launch, drafter_phrase)), *running_check(launch),
+            prepare_nodes(launch), *images(launch, root, pv), *jit_cache(launch),
+            *pins_and_drafter(launch), *ranks(launch)]
+
+
+def render(nodes: Nodes, steps: list[Step]) -> str:
+    lines = []
+    for step in steps:
+        if step.comment is not None:
+            lines.append(f"# {step.comment}")
+        for command in step.commands:
+            if isinstance(command, Pipeline):
+                lines.append(" | ".join(quote(nodes.argv(stage.index, list(stage.argv)))
+                                        for stage in command.stages))
+            else:
+                lines.append(quote(nodes.argv(command.index, list(command.argv))))
+    return "".join(line + "\n" for line in lines)

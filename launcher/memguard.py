@@ -1,0 +1,183 @@
+"""The unified-memory guard. While run.sh waits for readiness, every node's MemAvailable is
+sampled MEM_SAMPLES_PER_SECOND times a second over SSH and the boot phase is read from the
+rank logs; a node under its phase's floor stops every rank at once (containers and logs
+kept). Each node has one sampler (one ssh running a POSIX-shell loop, generated here) and
+one reader thread on the head, so the readiness loop is never held up by them.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+PHASES = ("load", "profile", "kv_ready", "serving")
+# vLLM's own log lines that end a phase (vLLM 0.30.0's workers and engine core, uvicorn):
+# weights loaded -> profile; KV cache sized (profiled, or pinned by --kv-cache-memory-bytes)
+# -> kv_ready; API up -> serving.
+MARKER_PHASE = {"Model loading took": 1, "Available KV cache memory": 2,
+                "KV Cache as specified by kv_cache_memory_bytes": 2, "KV cache size: ": 2,
+                "Application startup complete": 3}
+PHASE_MARKER_RE = "|".join(MARKER_PHASE)
+CSV_HEADER = "time_unix,elapsed_s,node,phase,mem_available_bytes,floor_bytes"
+GIB = 1073741824
+# A sampler silent this long is lost: a remote child can keep the pipe open after the
+# sampling loop has ended, so end-of-file alone cannot be relied on to say so.
+SILENCE_SECONDS = 10
+FLOOR_KNOBS = ("MEM_FLOOR_LOAD_GIB", "MEM_FLOOR_PROFILE_GIB", "MEM_FLOOR_KV_READY_GIB",
+               "MEM_FLOOR_SERVING_GIB")
+
+# The remote side, POSIX sh, run as: sh -c SCRIPT memory-sampler CONTAINER MARKER_RE INTERVAL.
+# Prints "mem <kB>" every INTERVAL seconds and each phase marker as the rank logs it. The
+# log is followed through a FIFO so that its PID is known and killed on the way out; the
+# loop ends (and the follower with it) once the head stops reading. Test seam:
+# GLM53_MEMINFO names a file read instead of /proc/meminfo. One line, so that DRY_RUN
+# prints it as one command.
+_SAMPLER_STATEMENTS = (
+    'meminfo=${GLM53_MEMINFO:-/proc/meminfo}',
+    'work=$(mktemp -d) || exit 1',
+    'follower=',
+    """trap 'kill "$follower" 2>/dev/null; rm -rf "$work"' EXIT""",
+    "trap 'exit 0' HUP INT TERM",
+    'mkfifo "$work/log" || exit 1',
+    'docker logs --follow "$1" >"$work/log" 2>&1 &',
+    'follower=$!',
+    'grep --line-buffered -o -E "$2" <"$work/log" &',
+    "while awk '/^MemAvailable:/ { print \"mem\", $2; found = 1; exit } END { exit !found }' "
+    '"$meminfo"; do sleep "$3"; done',
+)
+# A statement sent to the background ends in & already; the others need a ;.
+SAMPLER_SCRIPT = " ".join(s if s.endswith("&") else s + ";" for s in _SAMPLER_STATEMENTS)[:-1]
+
+
+def interval(samples_per_second: str) -> str:
+    """Seconds between samples as a decimal (4 a second -> 0.250)."""
+    ms = 1000 // int(samples_per_second)
+    return f"{ms // 1000}.{ms % 1000:03d}"
+
+
+def sampler_argv(container: str, samples_per_second: str) -> list[str]:
+    return ["sh", "-c", SAMPLER_SCRIPT, "memory-sampler", container, PHASE_MARKER_RE,
+            interval(samples_per_second)]
+
+
+def gib(count: int) -> str:
+    hundredths = count * 100 // GIB
+    return f"{hundredths // 100}.{hundredths % 100:02d}"
+
+
+def _stamp(microseconds: int) -> str:
+    return f"{microseconds // 1000000}.{microseconds % 1000000:06d}"
+
+
+@dataclass
+class _Node:
+    index: int
+    address: str
+    process: subprocess.Popen
+    phase: int = 0
+
+
+class MemoryGuard:
+    """Samplers and readers of every node; `fired` is set with the first reason to stop."""
+
+    def __init__(self, nodes, settings, csv_path: Path):
+        self.nodes, self.settings, self.csv_path = nodes, settings, csv_path
+        self.floors = [int(settings[name]) * GIB for name in FLOOR_KNOBS]
+        self.fired = threading.Event()
+        self.reason = ""
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._watched: list[_Node] = []
+        self._threads: list[threading.Thread] = []
+        self._start_us = 0
+
+    def start(self, rank_containers: list[str]) -> None:
+        with self.csv_path.open("w") as handle:
+            handle.write(CSV_HEADER + "\n")
+        self._start_us = time.time_ns() // 1000
+        for index, container in enumerate(rank_containers):
+            argv = self.nodes.argv(index, sampler_argv(container,
+                                                       self.settings["MEM_SAMPLES_PER_SECOND"]))
+            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                       stderr=subprocess.DEVNULL)
+            node = _Node(index, self.nodes.addresses[index], process)
+            self._watched.append(node)
+            thread = threading.Thread(target=self._read, args=(node,), daemon=True)
+            self._threads.append(thread)
+            thread.start()
+
+    def _fire(self, message: str) -> None:
+        with self._lock:
+            if self._stopping.is_set() or self.fired.is_set():
+                return
+            self.reason = message
+            self.fired.set()
+
+    def _cluster_phase(self) -> int:
+        """The furthest any node's log has reached (tensor-parallel ranks move together, and
+        the head alone logs some markers)."""
+        return max(node.phase for node in self._watched)
+
+    def _lines(self, node: _Node):
+        """The sampler's lines; ends when it is silent for SILENCE_SECONDS or closes."""
+        stream, buffer = node.process.stdout, b""
+        while not self._stopping.is_set():
+            ready, _, _ = select.select([stream], [], [], SILENCE_SECONDS)
+            if not ready:
+                return
+            chunk = os.read(stream.fileno(), 65536)
+            if not chunk:
+                return
+            buffer += chunk
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                yield line.decode(errors="replace")
+
+    def _read(self, node: _Node) -> None:
+        for line in self._lines(node):
+            if line.startswith("mem ") and line[4:].isdigit():
+                if self._sample(node, int(line[4:]) * 1024):
+                    return
+            elif MARKER_PHASE.get(line, 0) > node.phase:
+                node.phase = MARKER_PHASE[line]
+        self._fire(f"lost the MemAvailable samples of {node.address} (its sampler over SSH "
+                   f"ended or was silent for {SILENCE_SECONDS} s; see MEM_GUARD in "
+                   "docs/launcher.md)")
+
+    def _sample(self, node: _Node, available: int) -> bool:
+        """Writes the sample's row; True once it is under the floor of the cluster's phase."""
+        now = time.time_ns() // 1000
+        phase = self._cluster_phase()
+        floor = self.floors[phase]
+        elapsed = now - self._start_us
+        row = (f"{_stamp(now)},{elapsed // 1000000}.{elapsed // 1000 % 1000:03d},"
+               f"{node.address},{PHASES[phase]},{available},{floor}\n")
+        with self._lock, self.csv_path.open("a") as handle:
+            handle.write(row)
+        if floor > 0 and available < floor:
+            self._fire(f"{node.address} has MemAvailable {gib(available)} GiB ({available} "
+                       f"bytes), under the {PHASES[phase]} floor of {floor // GIB} GiB")
+            return True
+        return False
+
+    def stop(self) -> None:
+        """Ends the samplers (a remote loop ends on its next write) and the readers; safe
+        to call twice."""
+        self._stopping.set()
+        for node in self._watched:
+            if node.process.poll() is None:
+                node.process.terminate()
+        for node in self._watched:
+            try:
+                node.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                node.process.kill()
+                node.process.wait()
+        for thread in self._threads:
+            thread.join(timeout=SILENCE_SECONDS + 1)
+        self._watched, self._threads = [], []

@@ -1,0 +1,50 @@
+"""Pinned revisions: the model and the drafter are fetched at a commit, never at a branch.
+
+The pin comes from the knob (MODEL_REVISION, DRAFTER_REVISION), else a known pin (the
+recipe's [pins], the drafter catalog), else PINS_FILE (git-ignored, written by the first
+run that resolved it).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from launcher.settings import refusal
+
+_PIN_LINE = re.compile(r"([^ \t\n\r\f\v]+)[ \t\n\r\f\v]+([0-9a-f]{40})")
+_BLANK_OR_COMMENT = re.compile(r"[ \t\n\r\f\v]*(#|$)")
+HEX40 = re.compile(r"[0-9a-f]{40}")
+
+
+def recorded(pins_file: str, repo: str) -> str:
+    """The commit PINS_FILE records for REPO (the last line naming it), or ""."""
+    path = Path(pins_file)
+    if not path.is_file():
+        return ""
+    found = ""
+    lines = path.read_text().split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    for number, line in enumerate(lines, start=1):
+        if _BLANK_OR_COMMENT.match(line):
+            continue
+        match = _PIN_LINE.fullmatch(line)
+        if not match:
+            raise refusal("PINS_FILE", pins_file, f"line {number} reads '{line}'; accepted: "
+                          "lines '<repo id> <40-hex commit>'")
+        if match[1] == repo:
+            found = match[2]
+    return found
+
+
+def known(pins_file: str, repo: str, override: str, catalog_pin: str) -> str:
+    """The pin of REPO from OVERRIDE, CATALOG_PIN or PINS_FILE; "" when unknown."""
+    return override or catalog_pin or recorded(pins_file, repo)
+
+
+def record(pins_file: str, repo: str, commit: str) -> None:
+    path = Path(pins_file)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        handle.write(f"{repo} {commit}\n")

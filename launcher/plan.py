@@ -1,0 +1,434 @@
+"""The commands a run is made of, as data: each rank's container (mounts, environment,
+`vllm serve` argv), the one-off tool containers, and the probes. Built from checked
+settings; DRY_RUN prints them (launcher/dry_run.py) and serving runs them
+(launcher/serve.py).
+
+Order follows the seed's command; recipe.toml says which knob drives which flag and
+variable. A knob this module does not build (not in BUILT_HERE) is passed as is: its one
+flag with its value (a flag knob: the flag alone when 1) after the chat flags, its
+variables NAME=VALUE after the link's, on every rank.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher import pins
+from launcher.checks import Checked
+from launcher.drafter import cksum
+from launcher.remote import Nodes
+from launcher.settings import profile_default
+
+SERVE_LABEL = "glm53.launcher=serve"
+TOOL_LABEL = "glm53.launcher=tool"
+UNPINNED = "<resolved-at-run>"
+IMAGE_ID_UNKNOWN = "<image-id>"
+CONTAINER_HF_HOME = "/root/.cache/huggingface"
+# Where a rank sees its node's JIT cache directory (JIT_CACHE/<image id> on the host).
+CONTAINER_JIT_DIR = "/var/cache/glm53-jit"
+CONTAINER_TOKEN_PATH = "/run/secrets/hf_token"
+IN_IMAGE_PREPARE_DRAFTER = "/opt/glm53-recipe/scripts/prepare-drafter"
+RESOLVE_CODE = ("import sys; from huggingface_hub import HfApi; "
+                "print(HfApi().model_info(sys.argv[1]).sha)")
+FETCH_CODE = ("import sys; from huggingface_hub import snapshot_download; "
+              "print(snapshot_download(sys.argv[1], revision=sys.argv[2]))")
+# Each engine's JIT cache variable (JIT_CACHE's `env` in recipe.toml) and its directory
+# under CONTAINER_JIT_DIR (names checked in vLLM 0.30.0, flashinfer-python 0.6.18, triton
+# 3.7, tilelang 0.1.12, torch 2.13; CUDA_CACHE_PATH is the CUDA driver's PTX JIT cache).
+JIT_SUBDIRS = {"VLLM_CACHE_ROOT": "vllm", "FLASHINFER_WORKSPACE_BASE": "flashinfer",
+               "DG_JIT_CACHE_DIR": "deep_gemm", "TRITON_CACHE_DIR": "triton",
+               "TILELANG_CACHE_DIR": "tilelang", "TORCHINDUCTOR_CACHE_DIR": "inductor",
+               "CUDA_CACHE_PATH": "cuda"}
+# The knobs whose flags and variables this module writes itself, in the seed's order.
+BUILT_HERE = frozenset({
+    "SPEC", "DRAFTER", "NUM_SPECULATIVE_TOKENS", "MTP_NUM_SPECULATIVE_TOKENS", "MAX_NUM_SEQS",
+    "KV_CACHE_DTYPE", "KV_CACHE_MEMORY_BYTES", "MAX_MODEL_LEN", "BLOCK_SIZE",
+    "GPU_MEMORY_UTILIZATION", "MM_PROCESSOR_CACHE_GB", "ENFORCE_EAGER", "MOE_BACKEND",
+    "LINEAR_BACKEND", "TOOL_CALL_PARSER", "REASONING_PARSER", "THINKING", "SERVED_MODEL_NAME",
+    "MAX_NEW_TOKENS", "GENERATION_CONFIG", "MODEL_REVISION", "NODES", "TP", "PORT",
+    "MASTER_PORT", "IFACE", "HCA", "NCCL_DEBUG_LEVEL", "CUDA_ARCH_LIST", "ENGINE_READY_TIMEOUT",
+    "HF_CACHE", "HF_TOKEN_FILE", "JIT_CACHE",
+})
+
+
+def rank_container(rank: int) -> str:
+    return f"glm53-rank{rank}"
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """One rank: where it runs and the `docker run` that starts it, as data."""
+    rank: int
+    node: str
+    container: str
+    docker_options: tuple[str, ...]
+    # ("--mount", spec) and ("--env", "NAME=VALUE") pairs, in `docker run` order.
+    options: tuple[tuple[str, str], ...]
+    image: str
+    serve: tuple[str, ...]
+
+    @property
+    def env(self) -> dict[str, str]:
+        return dict(value.split("=", 1) for kind, value in self.options if kind == "--env")
+
+    @property
+    def mounts(self) -> list[str]:
+        return [value for kind, value in self.options if kind == "--mount"]
+
+    def docker_argv(self) -> list[str]:
+        argv = ["docker", "run", "--detach", "--name", self.container, "--label", SERVE_LABEL,
+                "--label", f"glm53.rank={self.rank}", *self.docker_options]
+        for kind, value in self.options:
+            argv += [kind, value]
+        return argv + ["--entrypoint", "vllm", self.image, *self.serve]
+
+
+@dataclass
+class Launch:
+    """A run's settings with its pins settled and, once known, the image ID."""
+    checked: Checked
+    nodes: Nodes
+    model_pin: str
+    drafter_pin: str
+    image_id: str = IMAGE_ID_UNKNOWN
+
+    @property
+    def recipe(self):
+        return self.checked.recipe
+
+    def __getitem__(self, name: str) -> str:
+        return self.checked[name]
+
+    @property
+    def dflash2(self) -> bool:
+        return self["SPEC"] == "dflash2"
+
+    @property
+    def local_model(self) -> bool:
+        return self["MODEL"].startswith("/")
+
+    @property
+    def draft_snapshot(self) -> str:
+        drafter = self.checked.drafter
+        if drafter.local:
+            return drafter.setting
+        return (f"{CONTAINER_HF_HOME}/hub/models--{drafter.repo_id.replace('/', '--')}/"
+                f"snapshots/{self.drafter_pin}")
+
+    @property
+    def draft_dir(self) -> str:
+        drafter = self.checked.drafter
+        if drafter.local:
+            return f"{CONTAINER_HF_HOME}/glm53-drafters/local-{cksum(drafter.setting.encode())}"
+        return f"{CONTAINER_HF_HOME}/glm53-drafters/{drafter.setting}-{self.drafter_pin}"
+
+    @property
+    def jit_dir(self) -> str:
+        """This run's JIT cache on every node: JIT_CACHE keyed by the image ID, so a new
+        image starts a new directory and an old one is never fed kernels it did not build."""
+        return f"{self['JIT_CACHE']}/{self.image_id.removeprefix('sha256:')}"
+
+
+def settle(checked: Checked, nodes: Nodes, resolve=None) -> Launch:
+    """The launch with its model and drafter pins; RESOLVE(repo) asks the Hub for what is not
+    pinned yet (serving), otherwise an unknown pin stays the DRY_RUN placeholder."""
+    model_pin, drafter_pin = "", ""
+    if not checked["MODEL"].startswith("/"):
+        known = checked.recipe.pins.get(checked["MODEL"], ("", ""))[0]
+        model_pin = pins.known(checked["PINS_FILE"], checked["MODEL"], checked["MODEL_REVISION"],
+                               known)
+        if not model_pin and resolve:
+            model_pin = resolve(checked["MODEL"])
+        model_pin = model_pin or UNPINNED
+    drafter = checked.drafter
+    if checked["SPEC"] == "dflash2":
+        if drafter.local:
+            drafter_pin = "local"
+        else:
+            drafter_pin = pins.known(checked["PINS_FILE"], drafter.repo_id,
+                                     checked["DRAFTER_REVISION"], drafter.catalog_revision)
+            if not drafter_pin and resolve:
+                drafter_pin = resolve(drafter.repo_id)
+            drafter_pin = drafter_pin or UNPINNED
+    return Launch(checked, nodes, model_pin, drafter_pin)
+
+
+# ----------------------------------------------------------------------------- speculation
+
+
+def speculative_tokens(launch: Launch) -> int:
+    """k drafted per step: what the capture sizes and the start-up line are built from."""
+    return {"dflash2": int(launch["NUM_SPECULATIVE_TOKENS"]),
+            "mtp": int(launch["MTP_NUM_SPECULATIVE_TOKENS"])}.get(launch["SPEC"], 0)
+
+
+def speculative_method(launch: Launch) -> str:
+    """vLLM's speculative_config.method for SPEC (DFlash2 keeps "dflash"); "" for off."""
+    return {"dflash2": "dflash", "mtp": "mtp"}.get(launch["SPEC"], "")
+
+
+def capture_sizes(launch: Launch) -> list[int]:
+    """1, 2, 4 and (k + 1) x {1..MAX_NUM_SEQS}, sorted and de-duplicated."""
+    k = speculative_tokens(launch)
+    sizes = {1, 2, 4} | {(k + 1) * seqs for seqs in range(1, int(launch["MAX_NUM_SEQS"]) + 1)}
+    return sorted(sizes)
+
+
+def speculative_config(launch: Launch) -> str:
+    config = {"method": speculative_method(launch)}
+    if launch.dflash2:
+        config["model"] = launch.draft_dir
+    elif launch["SPEC"] != "mtp":
+        return ""
+    config["num_speculative_tokens"] = speculative_tokens(launch)
+    return json.dumps(config, separators=(",", ":"))
+
+
+# ----------------------------------------------------------------------------- ranks
+
+
+def _value_flag(launch: Launch, flag: str, name: str) -> list[str]:
+    return [flag, launch[name]] if launch[name] else []
+
+
+def _passed_as_is(launch: Launch):
+    """The knobs not built here, in recipe order."""
+    return [knob for knob in launch.recipe.knobs.values()
+            if knob.name not in BUILT_HERE and (knob.flags or knob.env)]
+
+
+def serve_argv(launch: Launch, rank: int) -> list[str]:
+    """What the image's `vllm` entry point gets on RANK."""
+    nodes, fixed = launch.nodes.addresses, launch.recipe.fixed_flags
+    argv = ["serve", launch["MODEL"]]
+    if not launch.local_model:
+        argv += ["--revision", launch.model_pin]
+    if rank == 0:
+        argv += ["--host", fixed["--host"].value, "--port", launch["PORT"]]
+    argv += ["--tensor-parallel-size", launch["TP"], "--max-model-len", launch["MAX_MODEL_LEN"],
+             "--kv-cache-dtype", launch["KV_CACHE_DTYPE"],
+             "--kv-cache-memory-bytes", launch["KV_CACHE_MEMORY_BYTES"],
+             "--gpu-memory-utilization", launch["GPU_MEMORY_UTILIZATION"],
+             "--max-num-seqs", launch["MAX_NUM_SEQS"]]
+    argv += _value_flag(launch, "--block-size", "BLOCK_SIZE")
+    argv += _value_flag(launch, "--moe-backend", "MOE_BACKEND")
+    argv += _value_flag(launch, "--linear-backend", "LINEAR_BACKEND")
+    spec = speculative_config(launch)
+    argv += ["--speculative-config", spec] if spec else []
+    if launch["ENFORCE_EAGER"] == "1":
+        argv.append("--enforce-eager")
+    else:
+        sizes = ",".join(map(str, capture_sizes(launch)))
+        argv += ["--compilation-config", f'{{"cudagraph_capture_sizes":[{sizes}]}}']
+    if launch["TOOL_CALL_PARSER"]:
+        argv += ["--tool-call-parser", launch["TOOL_CALL_PARSER"], "--enable-auto-tool-choice"]
+    argv += _value_flag(launch, "--reasoning-parser", "REASONING_PARSER")
+    thinking = "true" if launch["THINKING"] == "1" else "false"
+    argv += ["--default-chat-template-kwargs", f'{{"enable_thinking": {thinking}}}']
+    argv += _value_flag(launch, "--served-model-name", "SERVED_MODEL_NAME")
+    argv.append("--trust-remote-code")
+    argv += _value_flag(launch, "--mm-processor-cache-gb", "MM_PROCESSOR_CACHE_GB")
+    if launch.checked.generation_json:
+        argv += ["--override-generation-config", launch.checked.generation_json]
+    for knob in _passed_as_is(launch):
+        if knob.flags and (knob.when != "multi-node" or len(nodes) > 1):
+            value = launch[knob.name]
+            if knob.type == "flag":
+                argv += [knob.flags[0]] if value == "1" else []
+            elif value:
+                argv += [knob.flags[0], value]
+    if len(nodes) > 1:
+        argv += ["--nnodes", str(len(nodes)), "--node-rank", str(rank), "--master-addr", nodes[0],
+                 "--master-port", launch["MASTER_PORT"],
+                 "--distributed-executor-backend", fixed["--distributed-executor-backend"].value]
+        if rank > 0:
+            argv.append("--headless")
+    return argv + launch.checked.words["EXTRA_ARGS"]
+
+
+def hub_options(launch: Launch) -> list[tuple[str, str]]:
+    """The HF cache and the token as a read-only file (its path, never its value, is in the
+    environment): what every container of a run gets."""
+    options = [("--mount", f"type=bind,src={launch['HF_CACHE']},dst={CONTAINER_HF_HOME}"),
+               ("--env", f"HF_HOME={CONTAINER_HF_HOME}")]
+    if launch["HF_TOKEN_FILE"]:
+        options += [("--mount", f"type=bind,src={launch['HF_TOKEN_FILE']},"
+                                f"dst={CONTAINER_TOKEN_PATH},readonly"),
+                    ("--env", f"HF_TOKEN_PATH={CONTAINER_TOKEN_PATH}")]
+    return options
+
+
+def local_dir_options(launch: Launch) -> list[tuple[str, str]]:
+    """Local model and drafter directories appear at the same path inside the container."""
+    options = []
+    if launch.local_model:
+        model = launch["MODEL"]
+        options.append(("--mount", f"type=bind,src={model},dst={model},readonly"))
+    if launch.dflash2 and launch.checked.drafter.local:
+        drafter = launch["DRAFTER"]
+        options.append(("--mount", f"type=bind,src={drafter},dst={drafter},readonly"))
+    return options
+
+
+def _env(name: str, value: str) -> tuple[str, str]:
+    return ("--env", f"{name}={value}")
+
+
+def _fixed(fixed, name: str) -> tuple[str, str]:
+    return _env(name, fixed[name].value)
+
+
+def rank_options(launch: Launch, rank: int) -> list[tuple[str, str]]:
+    """Mounts and environment of RANK's container, in `docker run` order."""
+    fixed = launch.recipe.fixed_env
+    multi_node = len(launch.nodes.addresses) > 1
+    options = hub_options(launch) + local_dir_options(launch)
+    options += [_env("TORCH_CUDA_ARCH_LIST", launch["CUDA_ARCH_LIST"]),
+                _env("FLASHINFER_CUDA_ARCH_LIST", launch["CUDA_ARCH_LIST"]),
+                _fixed(fixed, "FLASHINFER_DISABLE_VERSION_CHECK"),
+                _env("VLLM_ENGINE_READY_TIMEOUT_S", launch["ENGINE_READY_TIMEOUT"]),
+                _fixed(fixed, "PYTORCH_CUDA_ALLOC_CONF")]
+    if launch["JIT_CACHE"]:
+        options.append(("--mount", f"type=bind,src={launch.jit_dir},dst={CONTAINER_JIT_DIR}"))
+        options += [_env(name, f"{CONTAINER_JIT_DIR}/{subdir}")
+                    for name, subdir in JIT_SUBDIRS.items()]
+    if multi_node:
+        iface, link = launch["IFACE"], launch.nodes.addresses[rank]
+        options += [_env("VLLM_HOST_IP", link), _env("NCCL_SOCKET_IFNAME", iface),
+                    _env("GLOO_SOCKET_IFNAME", iface), _env("TP_SOCKET_IFNAME", iface),
+                    _env("NCCL_IB_HCA", launch["HCA"])]
+        options += [_fixed(fixed, name) for name in ("NCCL_NET", "NCCL_IB_DISABLE",
+                                                      "NCCL_CROSS_NIC", "NCCL_NVLS_ENABLE",
+                                                      "NCCL_CUMEM_ENABLE")]
+        options.append(_env("NCCL_DEBUG", launch["NCCL_DEBUG_LEVEL"]))
+    for knob in _passed_as_is(launch):
+        if knob.env and launch[knob.name] and (knob.when != "multi-node" or multi_node):
+            options += [_env(name, launch[knob.name]) for name in knob.env]
+    placed = {value.split("=", 1)[0] for kind, value in options if kind == "--env"}
+    for name, entry in fixed.items():
+        if name not in placed and (entry.when != "multi-node" or multi_node):
+            options.append(_env(name, entry.value))
+    return options + [("--env", word) for word in launch.checked.words["EXTRA_ENV"]]
+
+
+def rank_plan(launch: Launch, rank: int) -> RankPlan:
+    return RankPlan(rank=rank, node=launch.nodes.addresses[rank], container=rank_container(rank),
+                    docker_options=(*launch.recipe.docker_options,
+                                    *launch.checked.words["DOCKER_ARGS"]),
+                    options=tuple(rank_options(launch, rank)), image=launch["IMAGE"],
+                    serve=tuple(serve_argv(launch, rank)))
+
+
+def rank_plans(launch: Launch) -> list[RankPlan]:
+    return [rank_plan(launch, rank) for rank in range(len(launch.nodes.addresses))]
+
+
+# ----------------------------------------------------------------------------- tools, probes
+
+
+def tool_argv(launch: Launch, network: str, *args: str) -> list[str]:
+    """A one-off container in the serving image (it has huggingface_hub, torch and the toolkit)."""
+    argv = ["docker", "run", "--rm", "--label", TOOL_LABEL, "--network", network]
+    for kind, value in hub_options(launch) + local_dir_options(launch):
+        argv += [kind, value]
+    return argv + ["--entrypoint", "python3", launch["IMAGE"], *args]
+
+
+def resolve_revision_argv(launch: Launch, repo: str) -> list[str]:
+    return tool_argv(launch, "host", "-c", RESOLVE_CODE, repo)
+
+
+def fetch_snapshot_argv(launch: Launch) -> list[str]:
+    return tool_argv(launch, "host", "-c", FETCH_CODE, launch.checked.drafter.repo_id,
+                     launch.drafter_pin)
+
+
+def prepare_drafter_argv(launch: Launch) -> list[str]:
+    return tool_argv(launch, "none", IN_IMAGE_PREPARE_DRAFTER, launch.draft_snapshot,
+                     "--out", launch.draft_dir, "--window", launch["DRAFTER_WINDOW"], "--json")
+
+
+def image_id_argv(image: str) -> list[str]:
+    return ["docker", "image", "inspect", "--format", "{{.Id}}", image]
+
+
+def container_status_argv(rank: int) -> list[str]:
+    return ["docker", "inspect", "--format", "{{.State.Status}}", rank_container(rank)]
+
+
+def running_ranks_argv() -> list[str]:
+    return ["docker", "ps", "--filter", f"label={SERVE_LABEL}", "--format", "{{.Names}}"]
+
+
+def serve_containers_argv() -> list[str]:
+    return ["docker", "ps", "--all", "--quiet", "--filter", f"label={SERVE_LABEL}"]
+
+
+def api_probe_argv(port: str) -> list[str]:
+    return ["curl", "--silent", "--fail", "--output", "/dev/null", "--max-time", "5",
+            f"http://127.0.0.1:{port}/v1/models"]
+
+
+def api_models_argv(port: str) -> list[str]:
+    """The same request, printing the model list."""
+    return ["curl", "--silent", "--fail", "--max-time", "5", f"http://127.0.0.1:{port}/v1/models"]
+
+
+def rank_facts_argv(rank: int) -> list[str]:
+    """What scripts/doctor reads of a rank container: status, image ID and argv."""
+    return ["docker", "inspect", "--format", "{{.State.Status}} {{.Image}} {{json .Args}}",
+            rank_container(rank)]
+
+
+def chain_image(launch: Launch) -> str:
+    """The image scripts/build.sh builds: IMAGE's default under the run's profile."""
+    return profile_default(launch.recipe, launch.checked.values, "IMAGE")
+
+
+def chain_layer(launch: Launch) -> str:
+    """The layer scripts/build.sh builds up to (the chain's tags are <prefix><layer>)."""
+    return chain_image(launch).removeprefix(launch.recipe.chain_prefix)
+
+
+def build_argv(root: Path, launch: Launch) -> list[str]:
+    return [str(root / "scripts" / "build.sh"), "--base", launch["BASE_IMAGE"],
+            "--to", chain_layer(launch)]
+
+
+def meter_argv(label: str, size: str, pv: bool, launcher_dir: Path) -> list[str]:
+    """The progress meter between `docker save` and the worker: pv when installed, else ours."""
+    if pv:
+        return ["pv", "--size", size, "--name", label]
+    return ["python3", str(launcher_dir / "count_bytes.py"), label, size]
+
+
+# ----------------------------------------------------------------------------- start-up line
+
+
+def gib(count: int) -> str:
+    """Bytes as GiB with two decimals, truncated (4445787956 -> 4.14)."""
+    hundredths = count * 100 // 1073741824
+    return f"{hundredths // 100}.{hundredths % 100:02d}"
+
+
+def startup_line(launch: Launch, drafter_phrase: str) -> str:
+    """The one start-up line: model, drafter and licence, k, context, graphs, KV pin, nodes."""
+    model = launch["MODEL"] if launch.local_model else f"{launch['MODEL']}@{launch.model_pin}"
+    k = speculative_tokens(launch)
+    if launch.dflash2:
+        drafter = f"drafter {drafter_phrase}, revision {launch.drafter_pin}, k={k}"
+    elif launch["SPEC"] == "mtp":
+        drafter = f"drafter the checkpoint's MTP head, k={k}"
+    else:
+        drafter = "no drafter (SPEC=off)"
+    if launch["ENFORCE_EAGER"] == "1":
+        mode = "eager"
+    else:
+        mode = f"CUDA graphs (capture {','.join(map(str, capture_sizes(launch)))})"
+    kv = launch["KV_CACHE_MEMORY_BYTES"]
+    return (f"model {model}, {drafter}, context {launch['MAX_MODEL_LEN']}, "
+            f"{launch['MAX_NUM_SEQS']} seqs, {mode}, KV pin {kv} bytes ({gib(int(kv))} GiB "
+            f"{launch['KV_CACHE_DTYPE']}), image {launch['IMAGE']}, nodes "
+            f"{' '.join(launch.nodes.addresses)} (TP={launch['TP']})")

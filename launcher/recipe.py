@@ -1,0 +1,237 @@
+"""recipe.toml read into typed knobs, profiles, pins and fixed parts; nothing else reads it.
+
+A malformed recipe is a bug of this repository, not a user's setting: it raises
+RecipeError naming the knob and the field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tomllib
+
+REPO = Path(__file__).resolve().parent.parent
+RECIPE_PATH = REPO / "recipe.toml"
+
+TYPES = ("choice", "flag", "int", "text", "path", "words")
+WHEN = ("multi-node", "head")
+_KNOB_FIELDS = {
+    "type", "default", "choices", "choices_why", "min", "max", "range_why", "pattern",
+    "accepted", "optional", "none", "safe_max", "safe", "force", "unsafe_why", "rule",
+    "flag", "env", "when", "sets", "why", "source", "front", "mount", "prefixes", "required",
+    "unset_why", "relative_to",
+}
+
+
+class RecipeError(Exception):
+    """recipe.toml does not say what the launcher needs (a repository bug)."""
+
+
+@dataclass(frozen=True)
+class Source:
+    key: str
+    title: str
+    url: str = ""
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    type: str
+    default: str
+    sets: str
+    why: str
+    source: str
+    choices: tuple[str, ...] = ()
+    choices_why: str = ""
+    min: int | None = None
+    max: int | None = None
+    range_why: str = ""
+    pattern: str = ""
+    accepted: str = ""
+    optional: bool = False
+    none: bool = False
+    safe_max: int | None = None
+    safe: str = ""
+    force: str = ""
+    unsafe_why: str = ""
+    rule: str = ""
+    flags: tuple[str, ...] = ()
+    env: tuple[str, ...] = ()
+    when: str = ""
+    front: bool = False
+    mount: bool = False
+    prefixes: tuple[str, ...] = ()
+    required: str = ""
+    unset_why: str = ""
+    relative_to: str = ""
+
+
+@dataclass(frozen=True)
+class Fixed:
+    """A part of every rank's command that is not a knob: a flag, a variable, docker options."""
+    name: str
+    value: str
+    when: str
+    why: str
+    source: str
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    about: str
+    values: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    chain_prefix: str
+    knobs: dict[str, Knob]
+    profiles: dict[str, Profile]
+    sources: dict[str, Source]
+    pins: dict[str, tuple[str, str]]  # repo id -> (revision, source key)
+    docker_options: tuple[str, ...]
+    docker_why: str
+    fixed_flags: dict[str, Fixed] = field(default_factory=dict)
+    fixed_env: dict[str, Fixed] = field(default_factory=dict)
+
+    def flag_owners(self) -> dict[str, str]:
+        """Every `vllm serve` flag the launcher sets -> the knob names that set it, or ""
+        for a fixed part of the seed's run."""
+        owners: dict[str, list[str]] = {}
+        for knob in self.knobs.values():
+            for flag in knob.flags:
+                owners.setdefault(flag, []).append(knob.name)
+        result = {flag: _names(names) for flag, names in owners.items()}
+        for flag in self.fixed_flags:
+            result.setdefault(flag, "")
+        return result
+
+    def env_owners(self) -> dict[str, str]:
+        """Every container variable the launcher sets -> its knob names, or "" when fixed."""
+        owners: dict[str, list[str]] = {}
+        for knob in self.knobs.values():
+            for name in knob.env:
+                owners.setdefault(name, []).append(knob.name)
+        result = {name: _names(names) for name, names in owners.items()}
+        for name in self.fixed_env:
+            result.setdefault(name, "")
+        return result
+
+
+def _names(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _text(value, where: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise RecipeError(f"recipe.toml: {where} = {value!r}: write a string or an integer")
+    return str(value)
+
+
+def _words(value, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise RecipeError(f"recipe.toml: {where} = {value!r}: write a list of strings")
+    return tuple(value)
+
+
+def _knob(name: str, table: dict, sources: dict) -> Knob:
+    where = f"[knobs.{name}]"
+    unknown = set(table) - _KNOB_FIELDS
+    if unknown:
+        raise RecipeError(f"recipe.toml: {where} has unknown fields {sorted(unknown)}")
+    for required in ("type", "default", "sets", "why", "source"):
+        if required not in table:
+            raise RecipeError(f"recipe.toml: {where} lacks `{required}`")
+    if table["type"] not in TYPES:
+        raise RecipeError(f"recipe.toml: {where} type = {table['type']!r}: one of {TYPES}")
+    if table["source"] not in sources:
+        raise RecipeError(f"recipe.toml: {where} source = {table['source']!r}: not in [sources]")
+    if table.get("when", "") not in ("", *WHEN):
+        raise RecipeError(f"recipe.toml: {where} when = {table['when']!r}: one of {WHEN}")
+    if table["type"] == "choice" and not table.get("choices"):
+        raise RecipeError(f"recipe.toml: {where} is a choice without `choices`")
+    if table["type"] == "int" and ("min" not in table or "max" not in table):
+        raise RecipeError(f"recipe.toml: {where} is an int without `min` and `max`")
+    if table.get("required", "") not in ("", "always", "multi-node"):
+        raise RecipeError(f"recipe.toml: {where} required = {table['required']!r}")
+    if table.get("required") and not table.get("unset_why"):
+        raise RecipeError(f"recipe.toml: {where} is required without `unset_why`")
+    if table.get("force") and table.get("safe_max") is None and not table.get("safe"):
+        raise RecipeError(f"recipe.toml: {where} names `force` without `safe_max` or `safe`")
+    return Knob(
+        name=name, type=table["type"], default=_text(table["default"], f"{where} default"),
+        sets=table["sets"], why=table["why"], source=table["source"],
+        choices=tuple(_text(choice, f"{where} choices") for choice in table.get("choices", ())),
+        choices_why=table.get("choices_why", ""), min=table.get("min"), max=table.get("max"),
+        range_why=table.get("range_why", ""), pattern=table.get("pattern", ""),
+        accepted=table.get("accepted", ""), optional=bool(table.get("optional", False)),
+        none=bool(table.get("none", False)), safe_max=table.get("safe_max"),
+        safe=table.get("safe", ""), force=table.get("force", ""),
+        unsafe_why=table.get("unsafe_why", ""), rule=table.get("rule", ""),
+        flags=_words(table.get("flag", []), f"{where} flag"),
+        env=_words(table.get("env", []), f"{where} env"), when=table.get("when", ""),
+        front=bool(table.get("front", False)), mount=bool(table.get("mount", False)),
+        prefixes=_words(table.get("prefixes", []), f"{where} prefixes"),
+        required=table.get("required", ""), unset_why=table.get("unset_why", ""),
+        relative_to=table.get("relative_to", ""),
+    )
+
+
+def _fixed(section: str, table: dict) -> dict[str, Fixed]:
+    fixed = {}
+    for name, entry in table.items():
+        if entry.get("when", "") not in ("", *WHEN):
+            raise RecipeError(f"recipe.toml: [fixed.{section}] {name} when = {entry['when']!r}")
+        fixed[name] = Fixed(name, _text(entry.get("value", ""), f"[fixed.{section}] {name}"),
+                            entry.get("when", ""), entry["why"], entry["source"])
+    return fixed
+
+
+def parse(data: dict) -> Recipe:
+    """The recipe in DATA (recipe.toml as tomllib reads it), checked."""
+    sources = {key: Source(key, entry["title"], entry.get("url", ""))
+               for key, entry in data["sources"].items()}
+    knobs = {name: _knob(name, table, sources) for name, table in data["knobs"].items()}
+    for knob in knobs.values():
+        if knob.force and (knob.force not in knobs or knobs[knob.force].type != "flag"):
+            raise RecipeError(f"recipe.toml: [knobs.{knob.name}] force = {knob.force!r}: "
+                              "not a flag knob")
+    profiles = {}
+    for name, table in data["profiles"].items():
+        values = {key: _text(value, f"[profiles.{name}] {key}")
+                  for key, value in table.items() if key != "about"}
+        for key in values:
+            if key not in knobs or key == "PROFILE":
+                raise RecipeError(f"recipe.toml: [profiles.{name}] sets {key}, not a knob")
+        profiles[name] = Profile(name, table.get("about", ""), values)
+    if knobs["PROFILE"].choices != tuple(profiles):
+        raise RecipeError("recipe.toml: [knobs.PROFILE] choices must list every [profiles.*], "
+                          f"in order: {list(profiles)}")
+    fixed = data["fixed"]
+    return Recipe(
+        name=data["recipe"]["name"], chain_prefix=data["recipe"]["chain_prefix"],
+        knobs=knobs, profiles=profiles, sources=sources,
+        pins={repo: (entry["revision"], entry["source"]) for repo, entry in data["pins"].items()},
+        docker_options=_words(fixed["docker"]["options"], "[fixed.docker] options"),
+        docker_why=fixed["docker"]["why"],
+        fixed_flags=_fixed("flags", fixed["flags"]), fixed_env=_fixed("env", fixed["env"]),
+    )
+
+
+_LOADED: dict[Path, Recipe] = {}
+
+
+def load(path: Path = RECIPE_PATH) -> Recipe:
+    """The recipe at PATH (recipe.toml at the repository root), read once."""
+    if path not in _LOADED:
+        try:
+            with path.open("rb") as handle:
+                data = tomllib.load(handle)
+        except (OSError, tomllib.TOMLDecodeError) as error:
+            raise RecipeError(f"{path}: {error}") from None
+        _LOADED[path] = parse(data)
+    return _LOADED[path]

@@ -1,0 +1,372 @@
+"""Carrying out a run: refuse over a running cluster, images on every node, pins, the
+drafter, the ranks, the memory guard and the readiness wait; and stop.sh. Stops at the
+first problem with nothing left running (a run that started ranks and did not reach ready
+removes them on the way out, Ctrl-C included).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from launcher import dry_run, memguard, pins, plan
+from launcher.checks import Checked
+from launcher.remote import Nodes
+from launcher.settings import Failed, refusal
+
+PROGRESS_EVERY_SECONDS = 30
+LOG_TAIL_LINES = 40
+
+
+def say(message: str) -> None:
+    print(f"glm53: {message}", flush=True)
+
+
+def warn(message: str) -> None:
+    print(f"glm53: {message}", file=sys.stderr, flush=True)
+
+
+def nodes_of(checked: Checked) -> Nodes:
+    return Nodes(tuple(checked.nodes), tuple(checked.words["SSH"]))
+
+
+def stop_all_ranks(nodes: Nodes) -> int:
+    """Removes every serve container on every node (also ones a rank left behind); a node
+    that cannot be reached is reported and counted, and the others still stopped."""
+    failures = 0
+    for index, node in enumerate(nodes.addresses):
+        listed = nodes.run(index, plan.serve_containers_argv(), capture=True)
+        if listed.returncode != 0:
+            warn(f"could not list containers on {node}")
+            failures += 1
+            continue
+        ids = listed.stdout.split()
+        if ids and nodes.run(index, ["docker", "rm", "--force", *ids],
+                             capture=True).returncode != 0:
+            warn(f"could not remove {' '.join(ids)} on {node}")
+            failures += 1
+    return failures
+
+
+def stop(checked: Checked) -> int:
+    nodes = nodes_of(checked)
+    if checked["DRY_RUN"] == "1":
+        steps = dry_run.stop_steps(nodes, "remove the serve containers listed on each node")
+        sys.stdout.write(dry_run.render(nodes, steps))
+        return 0
+    failures = stop_all_ranks(nodes)
+    if failures:
+        raise Failed(f"{failures} node(s) could not be cleaned; see above")
+    say(f"stopped every rank on {' '.join(nodes.addresses)}")
+    return 0
+
+
+def run(checked: Checked, root: Path) -> int:
+    nodes = nodes_of(checked)
+    if checked["DRY_RUN"] == "1":
+        launch = plan.settle(checked, nodes)
+        steps = dry_run.run_steps(launch, root, checked.drafter.phrase)
+        sys.stdout.write(dry_run.render(nodes, steps))
+        return 0
+    return Serving(checked, nodes, root).serve()
+
+
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt
+
+
+class Serving:
+    def __init__(self, checked: Checked, nodes: Nodes, root: Path):
+        self.checked, self.nodes, self.root = checked, nodes, root
+        self.launch = plan.settle(checked, nodes, resolve=None)
+        self.ranks_started = False
+        self.ready = False
+        self.guard: memguard.MemoryGuard | None = None
+        self.run_dir: Path | None = None
+
+    def __getitem__(self, name: str) -> str:
+        return self.checked[name]
+
+    def serve(self) -> int:
+        for tool, why in (("docker", ""),
+                          ("curl", " (the readiness wait polls the API with it)")):
+            if not shutil.which(tool):
+                raise Failed(f"{tool} is not installed on the head{why}")
+        self.check_no_running_ranks()
+        self.prepare_nodes()
+        self.ensure_images()
+        self.prepare_jit_cache()
+        image_id = self.launch.image_id
+        self.launch = plan.settle(self.checked, self.nodes, resolve=self.resolve_and_record)
+        self.launch.image_id = image_id
+        phrase = self.prepare_drafter_everywhere()
+        say(plan.startup_line(self.launch, phrase))
+        signal.signal(signal.SIGTERM, _interrupted)
+        try:
+            self.start_ranks()
+            self.start_memory_guard()
+            self.wait_until_ready()
+        finally:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            self.stop_memory_guard()
+            if self.ranks_started and not self.ready:
+                warn("start-up did not finish; stopping every rank")
+                stop_all_ranks(self.nodes)
+        return 0
+
+    # ------------------------------------------------------------------ before the ranks
+
+    def check_no_running_ranks(self) -> None:
+        """Refuses to start over a cluster that is already up, and clears exited leftovers."""
+        for index, node in enumerate(self.nodes.addresses):
+            listed = self.nodes.run(index, plan.running_ranks_argv(), capture=True)
+            if listed.returncode != 0:
+                raise Failed(f"cannot reach Docker on {node}")
+            names = listed.stdout.split()
+            if names:
+                raise Failed(f"already running on {node}: {' '.join(names)}; run ./stop.sh first")
+        stop_all_ranks(self.nodes)
+
+    def prepare_nodes(self) -> None:
+        """Every node needs the cache directory (a bind mount's source must exist) and, when
+        set, the token file at the same path."""
+        token = self["HF_TOKEN_FILE"]
+        for index, node in enumerate(self.nodes.addresses):
+            if self.nodes.run(index, ["mkdir", "-p", self["HF_CACHE"]]).returncode != 0:
+                raise Failed(f"cannot create HF_CACHE={self['HF_CACHE']} on {node}")
+            if token and not self.readable(index, token):
+                raise refusal("HF_TOKEN_FILE", token, f"not a readable file on {node}; accepted: "
+                              "the token file at this path on every node, or empty")
+
+    def readable(self, index: int, path: str) -> bool:
+        """`test -r PATH` on node INDEX (on the head, where `test` is a shell builtin, here)."""
+        if index == 0:
+            return os.access(path, os.R_OK)
+        return self.nodes.run(index, ["test", "-r", path]).returncode == 0
+
+    def image_id_on(self, index: int, image: str) -> str:
+        found = self.nodes.output(index, plan.image_id_argv(image))
+        return found if found and found.startswith("sha256:") else ""
+
+    def build_chain_on_head(self) -> None:
+        image, base = self["IMAGE"], self["BASE_IMAGE"]
+        chain = plan.chain_image(self.launch)
+        if image != chain:
+            raise refusal("IMAGE", image, f"not on the head, and scripts/build.sh builds {chain} "
+                          f"only; accepted: an image present on the head, or {chain}")
+        if not self.image_id_on(0, base):
+            vendor = self.checked.recipe.knobs["BASE_IMAGE"].default
+            raise refusal("BASE_IMAGE", base, f"not on the head, so {chain} cannot be built; "
+                          "docker pull or docker load it (the vendor image the chain starts "
+                          f"from is {vendor}), or set BASE_IMAGE to a base you have (passed to "
+                          "scripts/build.sh --base)")
+        build = plan.build_argv(self.root, self.launch)
+        if not os.access(build[0], os.X_OK):
+            raise Failed(f"{image} is missing and {build[0]} is not there to build it")
+        say(f"{image} is not on the head: building the image chain from {base}")
+        if subprocess.run(build, check=False).returncode != 0:
+            raise Failed("scripts/build.sh failed; nothing was started")
+
+    def stream_image_to(self, index: int) -> None:
+        image, node = self["IMAGE"], self.nodes.addresses[index]
+        size = subprocess.run(["docker", "image", "inspect", "--format", "{{.Size}}", image],
+                              capture_output=True, text=True, check=False).stdout.strip()
+        meter = plan.meter_argv(f"{image} to {node}", size, shutil.which("pv") is not None,
+                                self.root / "launcher")
+        say(f"streaming {image} to {self.nodes.label(index)} (docker save | ssh docker load)")
+        save = subprocess.Popen(["docker", "save", image], stdout=subprocess.PIPE)
+        count = subprocess.Popen(meter, stdin=save.stdout, stdout=subprocess.PIPE)
+        load = subprocess.Popen(self.nodes.argv(index, ["docker", "load"]), stdin=count.stdout,
+                                stdout=subprocess.DEVNULL)
+        save.stdout.close()
+        count.stdout.close()
+        if any(process.wait() != 0 for process in (load, count, save)):
+            raise Failed(f"streaming {image} to {node} failed; nothing was started")
+
+    def ensure_images(self) -> None:
+        """IMAGE on every node with the head's ID: built on the head when missing, streamed
+        from the head to a worker that lacks it."""
+        image = self["IMAGE"]
+        head_id = self.image_id_on(0, image)
+        if not head_id:
+            self.build_chain_on_head()
+            head_id = self.image_id_on(0, image)
+            if not head_id:
+                raise Failed(f"scripts/build.sh finished but {image} is still not on the head")
+        for index in range(1, len(self.nodes.addresses)):
+            node = self.nodes.addresses[index]
+            found = self.image_id_on(index, image)
+            if not found:
+                self.stream_image_to(index)
+                found = self.image_id_on(index, image)
+                if not found:
+                    raise Failed(f"{image} is still missing on {node} after streaming")
+            if found != head_id:
+                raise refusal("IMAGE", image, f"on {node} it is {found}, on the head {head_id}; "
+                              f"accepted: one image ID on every node (docker rmi it on {node} "
+                              "and rerun to stream the head's)")
+        self.launch.image_id = head_id
+
+    def prepare_jit_cache(self) -> None:
+        """This image's JIT cache directory on every node; stop.sh leaves it, so the next
+        boot of the same image skips the kernel builds."""
+        if not self["JIT_CACHE"]:
+            return
+        folder = self.launch.jit_dir
+        for index, node in enumerate(self.nodes.addresses):
+            if self.nodes.run(index, ["mkdir", "-p", folder]).returncode != 0:
+                raise Failed(f"cannot create the JIT cache {folder} on {node}")
+        say(f"JIT cache: {folder} on every node")
+
+    def resolve_and_record(self, repo: str) -> str:
+        """REPO's current commit, asked of the Hub from the serving image on the head, and
+        recorded in PINS_FILE."""
+        asked = self.nodes.run(0, plan.resolve_revision_argv(self.launch, repo), capture=True)
+        if asked.returncode != 0:
+            raise Failed(f"could not resolve the revision of {repo} (is the Hub reachable and "
+                         "HF_TOKEN_FILE set for gated repos?)")
+        commit = asked.stdout.rstrip("\n").rsplit("\n", 1)[-1]
+        if not pins.HEX40.fullmatch(commit):
+            raise Failed(f"resolving {repo} gave '{commit}', not a 40-hex commit")
+        pins.record(self["PINS_FILE"], repo, commit)
+        say(f"pinned {repo} at {commit} (recorded in {self['PINS_FILE']}; delete the line to "
+            "re-resolve)")
+        return commit
+
+    def prepare_drafter_everywhere(self) -> str:
+        """Fetches the pinned drafter on every node and derives the directory vLLM loads; the
+        head's prepare-drafter summary gives the start-up phrase (licence, window)."""
+        launch, drafter = self.launch, self.checked.drafter
+        phrase = drafter.phrase
+        if not launch.dflash2:
+            return phrase
+        for index in range(len(self.nodes.addresses)):
+            where = self.nodes.label(index)
+            if not drafter.local:
+                say(f"fetching {drafter.repo_id}@{launch.drafter_pin} on {where}")
+                fetched = self.nodes.run(index, plan.fetch_snapshot_argv(launch), capture=True)
+                if fetched.returncode != 0:
+                    raise Failed(f"fetching {drafter.repo_id}@{launch.drafter_pin} failed on "
+                                 f"{where}")
+            say(f"preparing the drafter on {where}")
+            prepared = self.nodes.run(index, plan.prepare_drafter_argv(launch), capture=True)
+            if prepared.returncode != 0:
+                raise Failed(f"prepare-drafter refused {launch.draft_snapshot} on {where}")
+            if index == 0:
+                try:
+                    phrase = json.loads(prepared.stdout)["startup"]
+                except (ValueError, KeyError, TypeError):
+                    raise Failed("prepare-drafter printed no start-up phrase: "
+                                 f"{prepared.stdout.strip()}") from None
+        return phrase
+
+    # ------------------------------------------------------------------ the ranks
+
+    def start_ranks(self) -> None:
+        self.ranks_started = True
+        for rank in plan.rank_plans(self.launch):
+            say(f"starting rank {rank.rank} on {self.nodes.label(rank.rank)}")
+            if self.nodes.run(rank.rank, rank.docker_argv(), capture=True).returncode != 0:
+                raise Failed(f"docker run failed for rank {rank.rank} on {rank.node}")
+
+    def start_memory_guard(self) -> None:
+        if self["MEM_GUARD"] != "1":
+            return
+        runs = Path(self["RUNS_DIR"])
+        run_dir = runs / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        if run_dir.exists():
+            run_dir = run_dir.with_name(f"{run_dir.name}-{os.getpid()}")
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            raise Failed(f"cannot create {run_dir} for the memory samples (RUNS_DIR)") from None
+        self.run_dir = run_dir
+        csv_path = run_dir / "memory.csv"
+        self.guard = memguard.MemoryGuard(self.nodes, self.checked, csv_path)
+        self.guard.start([plan.rank_container(index) for index in range(len(self.nodes.addresses))])
+        floors = " / ".join(f"{phase} {self[knob]}" for phase, knob in
+                            zip(memguard.PHASES, memguard.FLOOR_KNOBS))
+        say(f"memory guard: MemAvailable every {memguard.interval(self['MEM_SAMPLES_PER_SECOND'])} "
+            f"s on {' '.join(self.nodes.addresses)}, floors {floors} GiB; samples in {csv_path}")
+
+    def stop_memory_guard(self) -> None:
+        if self.guard is not None:
+            self.guard.stop()
+            self.guard = None
+
+    def rank_status(self, index: int) -> str:
+        return self.nodes.output(index, plan.container_status_argv(index)) or "missing"
+
+    def report_dead_rank(self, index: int, status: str) -> None:
+        container, node = plan.rank_container(index), self.nodes.addresses[index]
+        warn(f"last {LOG_TAIL_LINES} log lines of {container} on {node}:")
+        subprocess.run(self.nodes.argv(index, ["docker", "logs", "--tail", str(LOG_TAIL_LINES),
+                                               container]),
+                       stdout=sys.stderr, stderr=sys.stderr, stdin=subprocess.DEVNULL, check=False)
+        self.stop_memory_guard()
+        stop_all_ranks(self.nodes)
+        self.ranks_started = False
+        raise Failed(f"rank {index} ({container} on {node}) is {status} before the API answered; "
+                     "every rank was stopped")
+
+    def guard_fired(self) -> None:
+        """Kills every rank's container (kept, so `docker logs` still shows it), copies each
+        rank's log beside the samples, and ends the run with the guard's reason."""
+        reason = self.guard.reason
+        self.stop_memory_guard()
+        for index, node in enumerate(self.nodes.addresses):
+            container = plan.rank_container(index)
+            if self.nodes.run(index, ["docker", "kill", container], capture=True,
+                              quiet=True).returncode != 0:
+                warn(f"could not kill {container} on {node}")
+        for index in range(len(self.nodes.addresses)):
+            container = plan.rank_container(index)
+            with (self.run_dir / f"{container}.log").open("w") as log:
+                subprocess.run(self.nodes.argv(index, ["docker", "logs", container]), stdout=log,
+                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, check=False)
+        # The containers stay for their logs; the next run.sh removes them.
+        self.ranks_started = False
+        raise Failed(f"memory guard: {reason}; every rank was stopped (containers kept for docker "
+                     f"logs; logs and samples in {self.run_dir})")
+
+    def pause(self, seconds: float) -> None:
+        """Sleeps SECONDS, woken at once when the memory guard fires."""
+        if self.guard is None:
+            time.sleep(seconds)
+        elif self.guard.fired.wait(seconds):
+            self.guard_fired()
+
+    def wait_until_ready(self) -> None:
+        """Polls the API while every rank's container is watched; a dead rank stops all."""
+        start, last_report = time.monotonic(), -PROGRESS_EVERY_SECONDS
+        port, count = self["PORT"], len(self.nodes.addresses)
+        while True:
+            self.pause(0)
+            for index in range(count):
+                status = self.rank_status(index)
+                if status != "running":
+                    self.report_dead_rank(index, status)
+            if subprocess.run(plan.api_probe_argv(port), check=False).returncode == 0:
+                self.ready = True
+                say(f"ready: http://{self.nodes.addresses[0]}:{port}/v1 after "
+                    f"{int(time.monotonic() - start)} s; ./stop.sh stops every rank")
+                return
+            elapsed = int(time.monotonic() - start)
+            if elapsed >= int(self["READY_TIMEOUT"]):
+                self.stop_memory_guard()
+                stop_all_ranks(self.nodes)
+                self.ranks_started = False
+                raise Failed(f"the API did not answer within READY_TIMEOUT={self['READY_TIMEOUT']} "
+                             "s; every rank was stopped")
+            if elapsed - last_report >= PROGRESS_EVERY_SECONDS:
+                say(f"waiting for http://127.0.0.1:{port}/v1/models: {elapsed} s, all {count} "
+                    "ranks running")
+                last_report = elapsed
+            self.pause(int(self["POLL_SECONDS"]))
