@@ -10,7 +10,7 @@ once, every stream greedy, thinking off, with its own unique prompt prefix. It r
 spec-decode counters of /metrics around each concurrency block. Exit code: 0 when every
 stream was measured and no block was invalidated, 1 otherwise (a summary says what), 2 when
 it could not start (bad option, server unreachable, model ambiguous). The JSON contract is
-documented in README.md (section "Bench").
+documented in docs/bench.md.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ over runs, with the runs' min-max as a bar), acceptance length, and acceptance p
 position (one line per cell). A memory picture draws MemAvailable per node over time, the
 boot phases shaded, each node's floor dashed and samples under it marked. Exit code 0 when
 the PNG was written, 2 when an input is not what it should be (one line says which and why).
-README.md, section "Plots", says more.
+docs/bench.md, section "Plots", says more.
 """
 
 from __future__ import annotations

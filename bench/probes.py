@@ -17,7 +17,7 @@ Every request is greedy (temperature 0) with thinking off (`chat_template_kwargs
 
 Exit code: 0 when every probe passed; 1 when one failed (each failure names the probe and
 what came back); 2 when the probes could not run (bad option, server unreachable, model
-ambiguous, --prompt-tokens beyond the server's max_model_len). README.md, section "Probes",
+ambiguous, --prompt-tokens beyond the server's max_model_len). docs/probes.md
 documents the JSON result (`--json`).
 """
 
@@ -525,7 +525,7 @@ async def run_probes_async(base_url: str, model: str | None = None,
                            only: tuple[str, ...] | list[str] = PROBE_NAMES,
                            prompt_tokens: int = DEFAULT_PROMPT_TOKENS, timeout: float = 600.0,
                            note: Callable[[str], None] | None = None) -> dict:
-    """Run the chosen probes; return the result document (README "Probes"). Raises
+    """Run the chosen probes; return the result document (docs/probes.md). Raises
     ProbesCannotRun (a BenchError) when no result would mean anything."""
     url = normalize_base_url(base_url)
     unknown = [name for name in only if name not in PROBES]

@@ -18,10 +18,11 @@ ROOT = Path(__file__).resolve().parent.parent
 STOP_KNOBS = ("DRY_RUN", "NODES", "TP", "SSH")
 
 
-def load(environ=None, only=None) -> checks.Checked:
-    """The checked settings of this checkout: environment, cluster.env, profile, recipe."""
+def load(environ=None, only=None, the_recipe=None) -> checks.Checked:
+    """The checked settings of this checkout: environment, cluster.env, profile, recipe
+    (THE_RECIPE: another recipe than recipe.toml, for tests)."""
     environ = os.environ if environ is None else environ
-    the_recipe = recipe.load()
+    the_recipe = the_recipe or recipe.load()
     cluster_file = Path(environ.get("CLUSTER_ENV") or ROOT / "cluster.env")
     values = resolve(the_recipe, environ, cluster_file)
     return checks.check(the_recipe, values, ROOT, environ.get("HOME", ""), only)

@@ -5,8 +5,8 @@ settings; DRY_RUN prints them (launcher/dry_run.py) and serving runs them
 
 Order follows the seed's command; recipe.toml says which knob drives which flag and
 variable. A knob this module does not build (not in BUILT_HERE) is passed as is: its one
-flag with its value (a flag knob: the flag alone when 1) after the chat flags, its
-variables NAME=VALUE after the link's, on every rank.
+flag with its value after the chat flags, its variables NAME=VALUE after the link's, on
+every rank (a flag-typed knob: the flag alone, or NAME=1, when 1; nothing when 0).
 """
 
 from __future__ import annotations
@@ -304,8 +304,11 @@ def rank_options(launch: Launch, rank: int) -> list[tuple[str, str]]:
                                                       "NCCL_CUMEM_ENABLE")]
         options.append(_env("NCCL_DEBUG", launch["NCCL_DEBUG_LEVEL"]))
     for knob in _passed_as_is(launch):
-        if knob.env and launch[knob.name] and (knob.when != "multi-node" or multi_node):
-            options += [_env(name, launch[knob.name]) for name in knob.env]
+        value = launch[knob.name]
+        if knob.type == "flag" and value == "0":
+            continue  # off: the variable is not set at all, as an image layer's lever expects
+        if knob.env and value and (knob.when != "multi-node" or multi_node):
+            options += [_env(name, value) for name in knob.env]
     placed = {value.split("=", 1)[0] for kind, value in options if kind == "--env"}
     for name, entry in fixed.items():
         if name not in placed and (entry.when != "multi-node" or multi_node):

@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench.stream_client import METHOD_CONTINUOUS_USAGE
 from tests.engine.relay import RelayedStream
 
-# README (section bench): per-stream tok/s within 1% of what the server really sent
+# docs/bench.md: per-stream tok/s within 1% of what the server really sent
 TOK_S_TOLERANCE = 0.01
 
 

@@ -54,7 +54,7 @@ def test_counting_fails_on_the_random_model_with_its_longest_run(probed):
 def test_needle_reports_prefill_tok_s_of_a_prompt_of_the_asked_length(probed):
     needle = probed[2]["probes"]["needle"]["details"]
     assert needle["prefill_tok_s"] > 0 and needle["ttft_s"] > 0
-    # README (probes) says within 1%, measured against the fake's 4-characters-a-token;
+    # docs/probes.md says within 1%, measured against the fake's 4-characters-a-token;
     # with this byte-level BPE vLLM counted 2,027 of 2,048 (1.03%) here
     assert abs(needle["prompt_tokens"] - PROMPT_TOKENS) <= PROMPT_TOKENS * 0.02
     assert needle["prefill_tok_s"] == pytest.approx(needle["prompt_tokens"] / needle["ttft_s"])

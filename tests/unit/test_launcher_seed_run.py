@@ -1,8 +1,8 @@
 """DRY_RUN's defaults are the seed's verified run (PR #1 era), flag by flag and env by env.
 
-The seed's command is written below as data from REFERENCE.md ("The seed's deployment"),
-not from the launcher. Every way the launcher's command differs from it is listed in
-DIFFERENCES, and README's launcher section names each one with its reason.
+The seed's command is written below as data from the seed's PR #1 and its repository of
+that time, not from the launcher. Every way the launcher's command differs from it is
+listed in DIFFERENCES, and docs/launcher.md names each one with its reason.
 """
 
 import json
@@ -13,14 +13,14 @@ from tests.unit.test_launcher_support import NODES, REPO, dry_run, serve_command
 IFACE, HCA, MASTER_PORT = "ifx0", "hca0", "29501"
 SEED_MODEL = "LibertAIDAI/GLM-5.3-Flash-NVFP4"
 
-# `docker run` options of every rank (REFERENCE.md: "Container, every rank").
+# `docker run` options of every rank (the seed's container, every rank).
 SEED_DOCKER = {"--gpus": ["all"], "--network": ["host"], "--ipc": ["host"],
                "--shm-size": ["32g"], "--device": ["/dev/infiniband"], "--cap-add": ["IPC_LOCK"],
                "--ulimit": ["memlock=-1:-1"], "--restart": ["no"]}
 
 
 def seed_env(rank):
-    """The container environment of RANK (REFERENCE.md: "environment ...")."""
+    """The container environment of RANK (the seed's, every rank)."""
     return {"TORCH_CUDA_ARCH_LIST": "12.1a", "FLASHINFER_CUDA_ARCH_LIST": "12.1a",
             "FLASHINFER_DISABLE_VERSION_CHECK": "1", "VLLM_ENGINE_READY_TIMEOUT_S": "3600",
             "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
@@ -31,7 +31,7 @@ def seed_env(rank):
 
 
 def seed_serve(rank):
-    """`vllm serve` flags of RANK (REFERENCE.md: "`vllm serve`, every rank"); the capture
+    """`vllm serve` flags of RANK (the seed's `vllm serve`, every rank); the capture
     sizes are the seed PR's [1,2,4,6,12,18,24]; True marks a flag without a value. Values the
     record leaves open: the master port P (the launcher's MASTER_PORT stands in) and NAME."""
     flags = {"--tensor-parallel-size": "2", "--nnodes": "2", "--node-rank": str(rank),
@@ -53,7 +53,8 @@ def seed_serve(rank):
     return flags
 
 
-# Every difference, as (where, name) -> what the launcher has instead. README explains each.
+# Every difference, as (where, name) -> what the launcher has instead; docs/launcher.md
+# explains each.
 DIFFERENCES = {
     ("docker", "--detach"): "added", ("docker", "--name"): "added",
     ("docker", "--label"): "added", ("docker", "--mount"): "added",
@@ -160,9 +161,8 @@ def test_a_changed_setting_shows_up_as_a_difference(tmp_path):
     assert found[("env", "NCCL_DEBUG")] == "INFO instead of WARN"
 
 
-def test_readme_explains_every_difference():
-    text = (REPO / "README.md").read_text()
-    section = text.split("<!-- section:launcher:start -->", 1)[1].split("<!-- section:launcher:end -->", 1)[0]
-    listed = section.split("### Where the defaults differ from the seed's run", 1)[1].split("\n### ", 1)[0]
+def test_the_launcher_page_explains_every_difference():
+    text = (REPO / "docs" / "launcher.md").read_text()
+    listed = text.split("## Where the defaults differ from the seed's run", 1)[1].split("\n## ", 1)[0]
     for _, name in DIFFERENCES:
-        assert re.search(rf"`{re.escape(name)}[` =]", listed), f"README does not explain {name}"
+        assert re.search(rf"`{re.escape(name)}[` =]", listed), f"docs/launcher.md: no {name}"

@@ -1,6 +1,6 @@
 """Every rank's `vllm serve` argv that DRY_RUN prints parses with vLLM 0.30.0's own parser.
 
-The parser runs in one subprocess (CPU platform, as REFERENCE.md describes) so that
+The parser runs in one subprocess (vLLM's CpuPlatform set as the current one) so that
 platform set-up does not leak into other tests; the parsed values must equal what each
 knob intends: speculative config, capture sizes, KV bytes, context, eager, multi-node.
 """
@@ -27,7 +27,8 @@ INCOAI_DIR = f"/root/.cache/huggingface/glm53-drafters/incoai-{DRAFTER_PIN}"
 G_DIR = f"/root/.cache/huggingface/glm53-drafters/dflash2-g-{DRAFTER_PIN}"
 
 # vLLM's CLI imports transformers, whose image utilities import torchvision; a CPU-only
-# torch 2.13.0 beside PyPI's torchvision 0.28.0 fails there (REFERENCE.md), so those
+# torch 2.13.0 beside PyPI's torchvision 0.28.0 fails there (seen when building the test
+# venv), so those
 # packages are hidden: the argument parser needs none of them.
 PARSE_PROBE = r"""
 import importlib.util, json, sys

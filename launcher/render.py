@@ -1,0 +1,112 @@
+"""recipe.toml as Markdown: the knob, profile and fixed-part tables of README.md and
+docs/launcher.md. scripts/render-docs writes them between `<!-- recipe:NAME -->` and
+`<!-- /recipe:NAME -->`; tests/unit/test_recipe_docs.py fails while a render is stale.
+"""
+
+from __future__ import annotations
+
+import re
+
+from launcher.recipe import Knob, Recipe
+
+EMPTY = "—"
+# file -> the regions rendered into it
+REGIONS = {
+    "README.md": ("front-knobs", "profiles"),
+    "docs/launcher.md": ("knobs", "profiles", "fixed"),
+}
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _code(value: str) -> str:
+    return f"`{value}`" if value else EMPTY
+
+
+def source(recipe: Recipe, key: str) -> str:
+    entry = recipe.sources[key]
+    return f"[{entry.title}]({entry.url})" if entry.url else entry.title
+
+
+def drives(knob: Knob) -> str:
+    """What the knob drives: its `vllm serve` flags, its container variables, or the launcher."""
+    parts = [f"`{flag}`" for flag in knob.flags] + [f"`{name}`" for name in knob.env]
+    if not parts:
+        return "launcher"
+    return ", ".join(parts) + (" (2+ nodes)" if knob.when == "multi-node" else "")
+
+
+def accepted(knob: Knob) -> str:
+    """The values a knob takes, as its check says."""
+    if knob.type == "choice":
+        return " \\| ".join(f"`{choice}`" for choice in knob.choices)
+    if knob.type == "flag":
+        return "`0` \\| `1`"
+    if knob.type == "int":
+        return f"{knob.min}..{knob.max}"
+    if knob.type == "words":
+        return "shell words"
+    if knob.type == "path":
+        return "absolute path (`~/` allowed)" if knob.mount else "path"
+    return _cell(knob.accepted) if knob.accepted else "text"
+
+
+def knobs_table(recipe: Recipe) -> str:
+    rows = ["| Variable | Default | Accepts | Drives | What it sets | Why this default (source) |",
+            "|---|---|---|---|---|---|"]
+    for knob in recipe.knobs.values():
+        rows.append(f"| `{knob.name}` | {_code(knob.default)} | {accepted(knob)} | "
+                    f"{drives(knob)} | {_cell(knob.sets)} | {_cell(knob.why)} "
+                    f"({source(recipe, knob.source)}) |")
+    return "\n".join(rows)
+
+
+def front_table(recipe: Recipe) -> str:
+    rows = ["| Variable | Default | What it sets |", "|---|---|---|"]
+    for knob in recipe.knobs.values():
+        if knob.front:
+            rows.append(f"| `{knob.name}` | {_code(knob.default)} | {_cell(knob.sets)} |")
+    return "\n".join(rows)
+
+
+def profiles_table(recipe: Recipe) -> str:
+    rows = ["| `PROFILE=` | what it is | sets |", "|---|---|---|"]
+    for profile in recipe.profiles.values():
+        values = ", ".join(f"`{name}={value}`" for name, value in profile.values.items())
+        rows.append(f"| `{profile.name}` | {_cell(profile.about)} | {values or EMPTY} |")
+    return "\n".join(rows)
+
+
+def fixed_table(recipe: Recipe) -> str:
+    rows = ["| part | value | when | why (source) |", "|---|---|---|---|"]
+    rows.append(f"| `docker run` | `{' '.join(recipe.docker_options)}` | every rank | "
+                f"{_cell(recipe.docker_why)} |")
+    for kind, entries in (("flag", recipe.fixed_flags), ("variable", recipe.fixed_env)):
+        for entry in entries.values():
+            value = f"`{entry.value}`" if entry.value else EMPTY
+            when = {"multi-node": "2+ nodes", "head": "rank 0"}.get(entry.when, "every rank")
+            rows.append(f"| {kind} `{entry.name}` | {value} | {when} | {_cell(entry.why)} "
+                        f"({source(recipe, entry.source)}) |")
+    return "\n".join(rows)
+
+
+RENDERERS = {"front-knobs": front_table, "knobs": knobs_table, "profiles": profiles_table,
+             "fixed": fixed_table}
+
+
+def region_pattern(name: str) -> re.Pattern:
+    return re.compile(rf"(<!-- recipe:{name} -->\n)(.*?)(<!-- /recipe:{name} -->)", re.DOTALL)
+
+
+def rendered(text: str, recipe: Recipe, names) -> str:
+    """TEXT with every region in NAMES rendered afresh from RECIPE; a missing region raises
+    ValueError."""
+    for name in names:
+        pattern = region_pattern(name)
+        if not pattern.search(text):
+            raise ValueError(f"no <!-- recipe:{name} --> ... <!-- /recipe:{name} --> region")
+        body = RENDERERS[name](recipe)
+        text = pattern.sub(lambda match: f"{match[1]}{body}\n{match[3]}", text, count=1)
+    return text

@@ -1,0 +1,50 @@
+"""What recipe.toml says each knob drives is what the plan writes: every flag and variable
+of a rank has an owner in the recipe (a knob, or [fixed]), and every flag and variable a
+knob declares shows up on some rank."""
+
+import pytest
+
+from launcher import cli, plan, recipe, serve
+from tests.unit.test_launcher_support import launcher_env
+
+SETTINGS = [
+    {}, {"ENFORCE_EAGER": "1"}, {"HF_TOKEN_FILE": "/tok"}, {"SPEC": "mtp"},
+    {"TOOL_CALL_PARSER": "none", "JIT_CACHE": "none"}, {"GENERATION_CONFIG": '{"top_k": 2}'},
+]
+
+
+def ranks(tmp_path, **settings):
+    checked = cli.load(launcher_env(tmp_path, **settings))
+    return plan.rank_plans(plan.settle(checked, serve.nodes_of(checked)))
+
+
+def flags_of(rank):
+    return {word for word in rank.serve if word.startswith("--")}
+
+
+@pytest.mark.parametrize("settings", SETTINGS, ids=str)
+def test_every_flag_and_variable_has_an_owner(tmp_path, settings):
+    the_recipe = recipe.load()
+    for rank in ranks(tmp_path, **settings):
+        assert flags_of(rank) <= set(the_recipe.flag_owners())
+        assert set(rank.env) <= set(the_recipe.env_owners())
+
+
+def test_every_declared_flag_and_variable_appears(tmp_path):
+    seen_flags, seen_env = set(), set()
+    for settings in SETTINGS:
+        for rank in ranks(tmp_path, **settings):
+            seen_flags |= flags_of(rank)
+            seen_env |= set(rank.env)
+    the_recipe = recipe.load()
+    assert set(the_recipe.flag_owners()) == seen_flags
+    assert set(the_recipe.env_owners()) == seen_env
+
+
+def test_the_built_knobs_are_knobs():
+    knobs = recipe.load().knobs
+    assert plan.BUILT_HERE <= set(knobs)
+    # What is not built here must be passable as is: one flag at most.
+    for knob in knobs.values():
+        if knob.name not in plan.BUILT_HERE:
+            assert len(knob.flags) <= 1, knob.name
