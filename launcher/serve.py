@@ -84,7 +84,8 @@ def _interrupted(signum, frame):
 class Serving:
     def __init__(self, checked: Checked, nodes: Nodes, root: Path):
         self.checked, self.nodes, self.root = checked, nodes, root
-        self.launch = plan.settle(checked, nodes, resolve=None)
+        # Pins are settled once the images are there (resolving one runs in the image).
+        self.launch = plan.Launch(checked, nodes, model_pin="", drafter_pin="")
         self.ranks_started = False
         self.ready = False
         self.guard: memguard.MemoryGuard | None = None
