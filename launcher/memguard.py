@@ -28,6 +28,8 @@ GIB = 1073741824
 # A sampler silent this long is lost: a remote child can keep the pipe open after the
 # sampling loop has ended, so end-of-file alone cannot be relied on to say so.
 SILENCE_SECONDS = 10
+# How long stopping waits for a sampler to end on its TERM before it is killed.
+STOP_GRACE_SECONDS = 2
 FLOOR_KNOBS = ("MEM_FLOOR_LOAD_GIB", "MEM_FLOOR_PROFILE_GIB", "MEM_FLOOR_KV_READY_GIB",
                "MEM_FLOOR_SERVING_GIB")
 
@@ -157,8 +159,11 @@ class MemoryGuard:
         elapsed = now - self._start_us
         row = (f"{_stamp(now)},{elapsed // 1000000}.{elapsed // 1000 % 1000:03d},"
                f"{node.address},{PHASES[phase]},{available},{floor}\n")
-        with self._lock, self.csv_path.open("a") as handle:
-            handle.write(row)
+        with self._lock:
+            if self._stopping.is_set():
+                return True
+            with self.csv_path.open("a") as handle:
+                handle.write(row)
         if floor > 0 and available < floor:
             self._fire(f"{node.address} has MemAvailable {gib(available)} GiB ({available} "
                        f"bytes), under the {PHASES[phase]} floor of {floor // GIB} GiB")
@@ -174,10 +179,12 @@ class MemoryGuard:
                 node.process.terminate()
         for node in self._watched:
             try:
-                node.process.wait(timeout=10)
+                node.process.wait(timeout=STOP_GRACE_SECONDS)
             except subprocess.TimeoutExpired:
                 node.process.kill()
                 node.process.wait()
+        # A reader may wait on a pipe a remote child still holds; it writes nothing more
+        # (stopping is set) and, a daemon thread, ends with the launcher.
         for thread in self._threads:
-            thread.join(timeout=SILENCE_SECONDS + 1)
+            thread.join(timeout=STOP_GRACE_SECONDS)
         self._watched, self._threads = [], []

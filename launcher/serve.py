@@ -321,7 +321,6 @@ class Serving:
         """Kills every rank's container (kept, so `docker logs` still shows it), copies each
         rank's log beside the samples, and ends the run with the guard's reason."""
         reason = self.guard.reason
-        self.stop_memory_guard()
         for index, node in enumerate(self.nodes.addresses):
             container = plan.rank_container(index)
             if self.nodes.run(index, ["docker", "kill", container], capture=True,
@@ -332,6 +331,7 @@ class Serving:
             with (self.run_dir / f"{container}.log").open("w") as log:
                 subprocess.run(self.nodes.argv(index, ["docker", "logs", container]), stdout=log,
                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, check=False)
+        self.stop_memory_guard()
         # The containers stay for their logs; the next run.sh removes them.
         self.ranks_started = False
         raise Failed(f"memory guard: {reason}; every rank was stopped (containers kept for docker "
