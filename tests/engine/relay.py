@@ -68,7 +68,7 @@ class RelayedStream:
         return {"completion_tokens": completion, "decode_tokens": decode,
                 "first_chunk_tokens": cumulative[0] if cumulative else None,
                 "token_chunks": len(stamps), "every_chunk_has_usage": every_chunk_has_usage,
-                "tok_s": decode / span if decode is not None and span else None}
+                "span_s": span, "tok_s": decode / span if decode is not None and span else None}
 
 
 class Relay:

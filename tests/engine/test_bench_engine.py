@@ -24,12 +24,12 @@ from tests.engine.bench_checks import (
 from tests.engine.conftest import K
 from tests.engine.engine_server import EngineServer
 from tests.engine.relay import Relay, RelayedStream
+from tests.timing import Jitter
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # 1 + a whole number of (k+1)-token steps (no step cut short by max_tokens), and about 2 s
 # of decode per stream, so that a reader's scheduling delay of 20 ms stays within 1%
 MAX_TOKENS = 1 + 80 * (K + 1)
-ATTEMPTS = 3
 BENCH_ARGS = ["--phase", "both", "--concurrency", "1,2,4", "--runs", "1",
               "--max-tokens", str(MAX_TOKENS), "--quiet"]
 
@@ -40,6 +40,7 @@ class BenchRun:
     relayed: list[RelayedStream]
     generated: float  # growth of the engine's vllm:generation_tokens over the run
     exit_code: int
+    jitter: Jitter    # this process's wake-up delays while the bench ran (tests/timing.py)
 
 
 def run_bench(server: EngineServer, tmp_path, args=BENCH_ARGS, in_process=False) -> BenchRun:
@@ -48,7 +49,7 @@ def run_bench(server: EngineServer, tmp_path, args=BENCH_ARGS, in_process=False)
     tmp_path.mkdir(parents=True, exist_ok=True)
     out = tmp_path / f"bench-{server.name}.json"
     before = counter(server.metrics_text(), "vllm:generation_tokens")
-    with Relay(server.url) as relay:
+    with Relay(server.url) as relay, Jitter() as jitter:
         argv = ["--url", relay.url, *args, "--json", str(out)]
         if in_process:
             code = bench_decode.main(argv)
@@ -57,7 +58,7 @@ def run_bench(server: EngineServer, tmp_path, args=BENCH_ARGS, in_process=False)
                                    *argv], capture_output=True, text=True, timeout=900,
                                   check=False).returncode
     after = counter(server.metrics_text(), "vllm:generation_tokens")
-    return BenchRun(json.loads(out.read_text()), relay.streams, after - before, code)
+    return BenchRun(json.loads(out.read_text()), relay.streams, after - before, code, jitter)
 
 
 @pytest.fixture(scope="module")
@@ -111,15 +112,12 @@ def test_completion_tokens_equal_the_servers_usage(bench_run):
 
 
 @BOTH
-def test_per_stream_tok_s_matches_a_second_client(bench_run, server, tmp_path):
-    """Within 1% per stream, and the same decode tokens. A reader descheduled on a loaded
-    2-core machine reads a burst late (seen here under other jobs' load: one stream 284%
-    off), so a failing run is measured again, up to ATTEMPTS runs, and one must pass."""
-    problems = [check_against_relay(bench_run.doc, bench_run.relayed)]
-    while problems[-1] and len(problems) < ATTEMPTS:
-        again = run_bench(server, tmp_path / f"attempt{len(problems)}")
-        problems.append(check_against_relay(again.doc, again.relayed))
-    assert problems[-1] == [], f"{len(problems)} runs, each with problems: {problems}"
+def test_per_stream_tok_s_matches_a_second_client(bench_run):
+    """Within 1% per stream plus the read delays measured during the run (a reader
+    descheduled on a loaded 2-core machine reads a burst late: seen here under other jobs'
+    load, one stream 284% off), and the same decode tokens and chunks; judged once, with no
+    second try."""
+    assert check_against_relay(bench_run.doc, bench_run.relayed, bench_run.jitter) == []
 
 
 def test_blind_drafter_is_caught_by_the_oracle_check(blind_run):
@@ -156,6 +154,6 @@ def test_a_planted_off_by_one_in_the_token_accounting_is_caught(
                                               "--runs", "1", "--max-tokens", "41", "--quiet"],
                     in_process=True)
     args = (run.doc, run.relayed, run.generated) if caught_by is check_usage else (
-        run.doc, run.relayed)
+        run.doc, run.relayed, run.jitter)
     problems = caught_by(*args)
     assert len(problems) >= 2 and all("bench" in p or "warm-up" in p for p in problems)

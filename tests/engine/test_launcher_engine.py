@@ -25,11 +25,20 @@ from tests.unit.test_launcher_support import dry_run, serve_commands, vllm_argv
 KV_BYTES = str(256 << 20)
 
 
-def overrides(models, port: int, k: int) -> dict[str, tuple[str, str]]:
-    """flag -> (value the test gives it, why the launcher's value cannot run here)."""
-    oracle = json.dumps({"method": "draft_model", "model": str(models.oracle_drafter()),
+# flags run.sh does not write, given here (apply_overrides appends them)
+ADDED_FLAGS = ("--dtype",)
+
+
+def overrides(models, port: int, k: int, drafter=None) -> dict[str, tuple[str, str]]:
+    """flag -> (value the test gives it, why the launcher's value cannot run here); the oracle
+    drafter is `drafter` (default the tier's target)."""
+    oracle = json.dumps({"method": "draft_model",
+                         "model": str(drafter or models.oracle_drafter()),
                          "num_speculative_tokens": k})
     return {
+        "--dtype": ("float32", ("run.sh leaves vLLM's auto, which serves the float32 tiny "
+                                "models in bfloat16 on CPU: token comparisons need float32's "
+                                "rounding, far below the models' logit margins")),
         "--host": ("127.0.0.1", "tests listen on loopback only"),
         "--port": (str(port), "a free port of this machine"),
         "--max-model-len": ("4096", "tiny context: the tiny model has 8,192 positions"),
@@ -77,6 +86,10 @@ def assert_oracle_accepted(server, k: int, tmp_path, concurrency: str = "1") -> 
 def apply_overrides(argv: list[str], changes: dict[str, tuple[str, str]]) -> list[str]:
     argv = list(argv)
     for flag, (value, _) in changes.items():
+        if flag in ADDED_FLAGS:
+            assert flag not in argv, f"run.sh's argv now has {flag}: override it instead"
+            argv += [flag, value]
+            continue
         assert argv.count(flag) == 1, f"run.sh's argv has {argv.count(flag)} {flag}"
         argv[argv.index(flag) + 1] = value
     return argv
@@ -116,8 +129,13 @@ def launcher_server(engine, models, tmp_path_factory):
 
 def test_only_the_documented_overrides_differ_from_run_sh(launcher_server):
     argv, run_argv = launcher_server["argv"], launcher_server["run_argv"]
-    differ = {argv[i - 1] for i, (a, b) in enumerate(zip(argv, run_argv)) if a != b}
-    assert len(argv) == len(run_argv) and differ == set(launcher_server["changes"])
+    added = 2 * len(ADDED_FLAGS)
+    assert run_argv[len(argv):] == [word for flag in ADDED_FLAGS
+                                    for word in (flag, launcher_server["changes"][flag][0])]
+    replaced = run_argv[:len(run_argv) - added]
+    differ = {argv[i - 1] for i, (a, b) in enumerate(zip(argv, replaced)) if a != b}
+    assert len(argv) == len(replaced)
+    assert differ == set(launcher_server["changes"]) - set(ADDED_FLAGS)
     # what stays as run.sh wrote it, the flags the seed's run depends on among them
     for flag in ("--block-size", "--gpu-memory-utilization", "--moe-backend",
                  "--linear-backend", "--compilation-config", "--tool-call-parser",

@@ -16,10 +16,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
+from tests.engine import dflash2_models
 from tests.engine.conftest import ENGINE_NICENESS
 from tests.engine.engine_client import greedy_ids
 from tests.engine.engine_server import EngineServer, free_port
@@ -82,29 +84,34 @@ class ApiBridge:
             process.wait(timeout=10)
 
 
-def launcher_ranks(tmp_path, models) -> dict[str, tuple[list[str], dict]]:
-    """rank -> (vllm argv, container env and mounts) of a two-node DRY_RUN of the tiny target."""
-    stdout = dry_run(tmp_path, nodes=2, MODEL=str(models.target), MODEL_REVISION=None)
+def launcher_ranks(tmp_path, model: Path) -> dict[str, tuple[list[str], dict]]:
+    """rank -> (vllm argv, container env and mounts) of a two-node DRY_RUN serving `model`."""
+    stdout = dry_run(tmp_path, nodes=2, MODEL=str(model), MODEL_REVISION=None)
     return {str(rank): rank_launch(docker) for rank, (_, docker) in serve_commands(stdout).items()}
 
 
-@pytest.fixture(scope="module")
-def two_ranks(engine, models, nodes, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("two-ranks")
-    ranks = launcher_ranks(tmp, models)
+@contextmanager
+def rank_pair(engine, models, nodes, tmp: Path, model: Path, rank1_model: Path | None = None):
+    """Rank 0 (with the API) and rank 1 of run.sh's two-node launch of `model`, drafting with
+    `model` as the oracle; rank 1 loads `rank1_model` instead where given (a pair whose ranks
+    disagree)."""
+    ranks = launcher_ranks(tmp, model)
     assert sorted(ranks) == ["0", "1"]
     (argv0, container0), (argv1, container1) = ranks["0"], ranks["1"]
+    if rank1_model is not None:
+        assert argv1.count(str(model)) == 1
+        argv1 = [str(rank1_model) if word == str(model) else word for word in argv1]
     k = json.loads(argv0[argv0.index("--speculative-config") + 1])["num_speculative_tokens"]
     port = free_port()
-    changes = overrides(models, port, k)
+    changes = overrides(models, port, k, drafter=model)
     headless = {flag: change for flag, change in changes.items() if flag not in ("--host", "--port")}
     vllm = str(engine.vllm_command)
-    worker = EngineServer(engine, models.target, name="rank1", log_dir=tmp,
+    worker = EngineServer(engine, model, name="rank1", log_dir=tmp,
                           niceness=ENGINE_NICENESS,
                           argv=["ip", "netns", "exec", nodes[WORKER], vllm,
                                 *apply_overrides(argv1, headless)],
                           env=host_env(container1, engine.compile_cache()))
-    head = EngineServer(engine, models.target, name="rank0", log_dir=tmp, port=port,
+    head = EngineServer(engine, model, name="rank0", log_dir=tmp, port=port,
                         niceness=ENGINE_NICENESS,
                         argv=["ip", "netns", "exec", nodes[HEAD], vllm,
                               *apply_overrides(argv0, changes)],
@@ -118,6 +125,30 @@ def two_ranks(engine, models, nodes, tmp_path_factory):
     finally:
         worker.stop()
         bridge.close()
+
+
+@pytest.fixture(scope="module")
+def bigram():
+    """The target whose greedy path is known for any prompt and length: each next token is a
+    float64 table's entry for the one before, no entry within 10x of float32's rounding
+    (checked when the model is made, dflash2_models.bigram_target_dir), so two ranks adding
+    partial sums in another order cannot flip a token (a random target did, at index 39)."""
+    return dflash2_models.bigram_target_dir()
+
+
+@pytest.fixture(scope="module")
+def two_ranks(engine, models, nodes, bigram, tmp_path_factory):
+    with rank_pair(engine, models, nodes, tmp_path_factory.mktemp("two-ranks"), bigram) as pair:
+        yield pair
+
+
+def first_break(ids: list[int], table: list[int]) -> int | None:
+    """The agreement check: the first position whose token is not the table's entry for the
+    token before it (None: the whole answer follows the table)."""
+    return next((i + 1 for i, (a, b) in enumerate(zip(ids, ids[1:])) if table[a] != b), None)
+
+
+PROMPT, MAX_TOKENS = "Write the numbers from one to thirty in words.", 64
 
 
 def test_run_sh_wrote_a_two_node_launch_and_it_runs_unchanged(two_ranks):
@@ -135,12 +166,30 @@ def test_run_sh_wrote_a_two_node_launch_and_it_runs_unchanged(two_ranks):
     assert "rank 1 in world size 2" in worker_log and "TP rank 1" in worker_log
 
 
-def test_two_ranks_answer_as_the_one_rank_target_does(two_ranks, server_plain):
-    """Greedy tokens of the tensor-parallel pair (drafting with the oracle) equal the undrafted
-    one-rank server's: the ranks split the model and agree."""
-    prompt = "Write the numbers from one to thirty in words."
-    assert greedy_ids(two_ranks["head"], prompt, 64) == greedy_ids(server_plain, prompt, 64)
+def test_two_ranks_answer_as_the_one_rank_target_does(two_ranks, bigram):
+    """Greedy tokens of the tensor-parallel pair (drafting with the oracle) follow the target's
+    own next-token table (float64, from the weights; one-rank engines follow it in
+    test_dflash2_engine): the ranks split the model and agree. The table's margins make this
+    hold on any machine."""
+    ids = greedy_ids(two_ranks["head"], PROMPT, MAX_TOKENS)
+    assert len(ids) == MAX_TOKENS
+    assert first_break(ids, dflash2_models.next_tokens(bigram)) is None, ids
 
 
 def test_speculative_decoding_runs_across_the_two_ranks(two_ranks, tmp_path):
     assert_oracle_accepted(two_ranks["head"], two_ranks["k"], tmp_path, concurrency="1,2")
+
+
+def test_ranks_that_load_different_weights_fail_the_agreement_check(
+        engine, models, nodes, bigram, two_ranks, tmp_path):
+    """The negative of the agreement test: rank 1 loads another model (same shape and
+    tokenizer, its own weights), so the pair computes neither model, and the check that
+    passes the agreeing pair reports the break. (Starts after the agreeing pair's answers:
+    the module's fixtures keep one pair of the namespaces in use at a time.)"""
+    two_ranks["worker"].stop()
+    two_ranks["head"].stop()
+    with rank_pair(engine, models, nodes, tmp_path, bigram, rank1_model=models.other) as pair:
+        assert pair["argv"][1].count(str(models.other)) == 1
+        ids = greedy_ids(pair["head"], PROMPT, MAX_TOKENS)
+    assert len(ids) == MAX_TOKENS
+    assert first_break(ids, dflash2_models.next_tokens(bigram)) is not None, ids

@@ -57,7 +57,9 @@ beside it (the command-line option wins).
                                                       "body": {...}} (t0 in time.monotonic()),
                                                       and at the end of each stream
                                                       {"delivered": N, "first_chunk_monotonic",
-                                                      "last_chunk_monotonic", "decode_tokens"}
+                                                      "last_chunk_monotonic", "decode_tokens",
+                                                      "chunk_monotonic": [when each token-bearing
+                                                      chunk was written], "chunk_tokens": [...]}
   --startup-seconds S     FAKE_VLLM_STARTUP_SECONDS  wait before listening (boot time); default 0
 
 Answer mode (the truth bench/probes.py is tested against; the http400, http500 and, on a
@@ -115,6 +117,7 @@ import sys
 import time
 import urllib.request
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Self
 
 VOCAB_SIZE = 154_880
@@ -673,7 +676,9 @@ class ChatHandler:
             with open(self.state.program.request_log, "a", encoding="utf-8") as log:
                 log.write(json.dumps({"delivered": number, "first_chunk_monotonic": written[0],
                                       "last_chunk_monotonic": written[-1],
-                                      "decode_tokens": sum(plan.chunk_tokens[1:])}) + "\n")
+                                      "decode_tokens": sum(plan.chunk_tokens[1:]),
+                                      "chunk_monotonic": written,
+                                      "chunk_tokens": plan.chunk_tokens}) + "\n")
 
 
 def _prompt_tokens(body: dict) -> int:
@@ -1006,6 +1011,41 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # ----------------------------------------------------------------------------- test helper
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """What the fake really sent on one completed stream, from its --request-log."""
+
+    prefix: str                 # the first line's "[bench ...]" tag, as the bench names streams
+    chunk_monotonic: list[float]
+    chunk_tokens: list[int]
+    decode_tokens: int
+
+    @property
+    def span_s(self) -> float:
+        return self.chunk_monotonic[-1] - self.chunk_monotonic[0]
+
+    @property
+    def tok_s(self) -> float:
+        """The rate the fake delivered, by its own clock: load may make it late, never wrong."""
+        return self.decode_tokens / self.span_s
+
+
+def deliveries(request_log: str | os.PathLike) -> dict[str, Delivery]:
+    """prefix -> Delivery of every stream the fake finished, read from its request log."""
+    entries = [json.loads(line) for line in Path(request_log).read_text().splitlines()]
+    prefix_of = {e["arrival"]: e["body"]["messages"][0]["content"].split("]")[0] + "]"
+                 for e in entries if "body" in e}
+    return {prefix_of[e["delivered"]]: Delivery(prefix_of[e["delivered"]], e["chunk_monotonic"],
+                                                e["chunk_tokens"], e["decode_tokens"])
+            for e in entries if "delivered" in e}
+
+
+def delivered_aggregate_tok_s(sent: list[Delivery]) -> float:
+    """All decode tokens of a wave over the span from its first chunk to its last, as sent."""
+    return sum(d.decode_tokens for d in sent) / (
+        max(d.chunk_monotonic[-1] for d in sent) - min(d.chunk_monotonic[0] for d in sent))
 
 
 class RunningFake:

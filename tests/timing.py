@@ -1,0 +1,50 @@
+"""How late this process wakes while a timed run goes on, and the bound a timing check
+derives from it.
+
+A client stamps a chunk when its event loop gets to it, so its read delays are its process's
+wake-up delays: well under a millisecond on an idle machine, tens of ms beside a CPU hog
+(measured: up to 40 ms at nice 10 beside two busy loops on 2 cores). A figure timed between
+two stamps is then off by up to two such delays, and a check that allows a fixed 1% holds
+only on an idle machine. Checks allow 1% plus what was measured during the very run.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+
+class Jitter:
+    """A thread asking for 2 ms sleeps and recording how much longer each took; use as a
+    context manager around the timed run."""
+
+    NAP_S = 0.002
+
+    def __init__(self):
+        self.late_s: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            start = time.monotonic()
+            time.sleep(self.NAP_S)
+            self.late_s.append(time.monotonic() - start - self.NAP_S)
+
+    def __enter__(self) -> Jitter:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def worst_s(self) -> float:
+        return max(self.late_s, default=0.0)
+
+
+def timing_bound(span_s: float, jitter: Jitter, tolerance: float) -> float:
+    """The relative error a figure timed over `span_s` may have: `tolerance`, plus its two
+    end stamps each read late by as much as the process was measured to wake late."""
+    return tolerance + 2 * jitter.worst_s / span_s
