@@ -4,7 +4,7 @@ Standard library only (it runs before any dependency exists). A script names the
 modules it needs; when they import here, nothing happens (the test venv, the serving
 image's /opt/glm53-recipe/pylib, a user's own environment). Otherwise the script is
 re-run in the recipe's tool environment: a virtualenv built once from
-requirements/tool.txt and requirements/drafter.txt in the recipe cache, keyed by the
+requirements/tool.txt, drafter.txt and build.txt in the recipe cache, keyed by the
 hash of those files, announced by one progress line. When that cannot be built the
 script stops with one line naming the exact command that fixes it; never a traceback.
 """
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-REQUIREMENTS = (REPO_ROOT / "requirements" / "tool.txt", REPO_ROOT / "requirements" / "drafter.txt")
+REQUIREMENTS = tuple(REPO_ROOT / "requirements" / name for name in ("tool.txt", "drafter.txt", "build.txt"))
 INSIDE = "GLM53_TOOL_ENV"  # set in the re-run, so a broken environment cannot loop
 MIN_PYTHON = (3, 10)
 
@@ -62,8 +62,8 @@ def _locked(path: Path):
 
 def _build(tool: str, venv: Path) -> None:
     started = time.monotonic()
-    print(f"{tool}: building the tool environment {venv} from requirements/tool.txt and "
-          "drafter.txt (once; a minute or two)", file=sys.stderr, flush=True)
+    print(f"{tool}: building the tool environment {venv} from requirements/tool.txt, "
+          "drafter.txt and build.txt (once; a minute or two)", file=sys.stderr, flush=True)
     shutil.rmtree(venv, ignore_errors=True)
     made = subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True, text=True, check=False)
     if made.returncode != 0:

@@ -14,7 +14,7 @@ from pathlib import Path
 import libcst as cst
 
 from recipekit.exact_patch import FileEdit, PatchPlan, PatchRefused
-from recipekit.layers import Layer
+from recipekit.layer import Layer
 from recipekit.tree import TreeView
 
 PATCHES_DIR = Path(__file__).resolve().parent.parent / "patches"

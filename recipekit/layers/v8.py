@@ -17,7 +17,7 @@ from __future__ import annotations
 import libcst as cst
 
 from recipekit.exact_patch import FileEdit, PatchPlan, PatchRefused
-from recipekit.layers import Layer
+from recipekit.layer import Layer
 from recipekit.layers.sm121_edits import Change, Drift, Finding
 from recipekit.layers.sm121_flashinfer import changes as flashinfer_changes
 from recipekit.layers.sm121_vllm import CHANGES as VLLM_CHANGES

@@ -24,7 +24,7 @@ from recipekit.backport import (
     sha256_text,
     shape_of,
 )
-from recipekit.layers import Layer, LayerSetupError
+from recipekit.layer import Layer, LayerSetupError
 from recipekit.tree import TreeView
 from recipekit.verify import ImportChecker
 from recipekit.vllm_sources import release_tree

@@ -345,3 +345,31 @@ def test_the_serving_image_holds_the_pins_and_every_v8_change(chain_fork):
         ("D1", "D2a", "D2b", "D2c", "D4", "V7a", "V7b", "V7c", "F1", "F2"), "present"
     )
     assert no_jit_cache == "True"
+
+
+def test_a_base_whose_tag_moved_is_refused_until_accepted(standin, session_prefix, tmp_path):
+    """recipe.toml's [pins] holds the base's image ID; a tag that now names another image is
+    refused in one line, and --accept-base records the new ID (here in a copy of the recipe)."""
+    prefix = session_prefix("pin")
+    base = f"{prefix}vendor:tag"
+    docker("tag", standin("0.30.0"), base)
+    accepted_before = image_id(standin("0.27.1"))  # what the tag named when it was accepted
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text((REPO_ROOT / "recipe.toml").read_text().replace(
+        "[pins]\n", f'[pins]\n"{base}" = {{ image_id = "{accepted_before}", source = "site" }}\n', 1))
+    args = ("--from", "v9", "--base", base, "--check", "--recipe", str(recipe))
+    moved = run_build(prefix, *args)
+    assert moved.returncode == 1, moved.output
+    errors = [line for line in moved.output.splitlines() if line.startswith("build.sh: error:")]
+    assert errors == [
+        f'build.sh: error: {recipe} [pins] "{base}": image_id {accepted_before}, but the tag now '
+        f"names {image_id(base)} (it moved); check what changed, then accept it with "
+        "scripts/build.sh --accept-base"
+    ]
+    assert "would build" not in moved.output
+    accepted = run_build(prefix, *args, "--accept-base")
+    assert accepted.returncode == 0, accepted.output
+    assert f'"{base}" = {{ image_id = "{image_id(base)}", source = "site" }}' in recipe.read_text()
+    again = run_build(prefix, *args)
+    assert again.returncode == 0, again.output
+    assert f"v9: would build {tag(prefix, 'v9')} on {base}" in again.output

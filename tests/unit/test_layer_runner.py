@@ -4,7 +4,7 @@
 import pytest
 
 from recipekit.exact_patch import FileEdit, PatchPlan, PatchRefused
-from recipekit.layers import Layer, LayerSetupError, run_layer
+from recipekit.layer import Layer, LayerSetupError, run_layer
 
 
 class TinyLayer(Layer):

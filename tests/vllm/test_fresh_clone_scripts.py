@@ -76,4 +76,5 @@ def test_an_environment_that_cannot_be_built_is_one_line_naming_the_command(bare
     assert len(result.stderr.splitlines()) == 1, result.stderr
     assert result.stderr.startswith("patch-layer: cannot make the tool environment /dev/null/cache/tool-venv-")
     assert result.stderr.rstrip().endswith(
-        "run: python3 -m pip install -r requirements/tool.txt -r requirements/drafter.txt")
+        "run: python3 -m pip install -r requirements/tool.txt -r requirements/drafter.txt "
+        "-r requirements/build.txt")

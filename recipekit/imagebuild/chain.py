@@ -1,0 +1,259 @@
+"""scripts/build.sh: the image chain in recipekit.layers.LAYERS order, each layer FROM the
+previous one's image, labelled with what its build step recorded. docs/images.md."""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+from launcher import recipe as recipe_file
+from recipekit.imagebuild import inputs
+from recipekit.imagebuild.engine import BuildFailed, Engine
+from recipekit.imagebuild.inputs import BUILD_DIR, BuildError, Context, relative
+from recipekit.layers import LAYERS
+
+OK = ("applied", "already-applied", "provided-by-base")
+
+
+class Refused(BuildError):  # a layer refused (its reason is in the log): exit 3
+    pass
+
+
+def say(message: str) -> None:
+    print(f"build.sh: {message}", file=sys.stderr, flush=True)
+
+
+def row(layer: str, outcome: str, tag: str, image: str = "", note: str = "") -> str:
+    return f"  {layer:<4} {outcome:<17} {tag:<40} {image:<13} {note}"
+
+
+def arguments(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="build.sh", description=__doc__)
+    add = parser.add_argument
+    add("--base", help="the first layer's base (default: recipe.toml's BASE_IMAGE for the first layer, "
+        "else the previous layer's tag)")
+    add("--from", dest="first", choices=LAYERS, default=LAYERS[0])
+    add("--to", dest="last", choices=LAYERS, default=LAYERS[-1])
+    add("--check", action="store_true", help="print what would be built; build and tag nothing")
+    add("--tag-prefix", default=os.environ.get("GLM53_TAG_PREFIX", ""), help="put every tag under PREFIX "
+        "(also $GLM53_TAG_PREFIX), e.g. test-1- gives test-1-glm53-sm121-v9; tests use it")
+    add("--verbose", action="store_true", help="stream the builder's output (always in build/logs/LAYER.log)")
+    add("--accept-base", action="store_true", help="record the base's image ID as its pin in [pins]")
+    add("--recipe", type=Path, default=recipe_file.RECIPE_PATH, help="the recipe (default: recipe.toml)")
+    args = parser.parse_args(argv)
+    if LAYERS.index(args.first) > LAYERS.index(args.last):
+        parser.error(f"--from {args.first} comes after --to {args.last}")
+    if args.tag_prefix and not re.fullmatch(r"[a-z0-9][a-z0-9._/-]*", args.tag_prefix):
+        raise BuildError(f"--tag-prefix '{args.tag_prefix}' is not a valid image-name prefix "
+                         "(lowercase, digits, . _ - /)")
+    return args
+
+
+class Chain:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.recipe = recipe_file.load(args.recipe)
+        self.layers = LAYERS[LAYERS.index(args.first):LAYERS.index(args.last) + 1]
+        self.vendor = self.recipe.knobs["BASE_IMAGE"].default
+        packages = [layer for layer in self.layers if inputs.packages_file(layer).is_file()]
+        self.steps, self.step, self.engine = 4 + len(self.layers) + len(packages), 0, Engine()
+
+    def tag(self, layer: str) -> str:
+        return f"{self.args.tag_prefix}{self.recipe.chain_prefix}{layer}"
+
+    def progress(self, message: str, new_step: bool = True) -> None:
+        self.step += new_step
+        print(f"build.sh [{self.step}/{self.steps}] {message}", flush=True)
+
+    def base(self) -> tuple[str, str]:
+        """The first layer's base: (reference, image ID)."""
+        index = LAYERS.index(self.args.first)
+        ref = self.args.base or (self.tag(LAYERS[index - 1]) if index else self.vendor)
+        if found := self.engine.image_id(ref):
+            return ref, found
+        if ref == self.vendor:
+            why = f"get the vendor image (docker pull {ref}, or docker load) or pass --base IMAGE"
+        elif index == 0:
+            why = f"pass an image this host has with --base (default: the vendor image {self.vendor})"
+        else:
+            why = f"build it first (scripts/build.sh --to {LAYERS[index - 1]}) or pass --base IMAGE"
+        raise BuildError(f"base image {ref} not found; {why}")
+
+    def check_pin(self, ref: str, base_id: str) -> None:
+        where = f"{relative(self.args.recipe)} [pins] \"{ref}\""
+        if self.args.accept_base:
+            recipe_file.accept_image_pin(self.args.recipe, ref, base_id)
+            say(f"accepted {ref} = {base_id} in {where}; commit it with the build")
+        elif refusal := self.recipe.image_pin_refusal(ref, base_id):
+            raise BuildError(f"{where}: {refusal}")
+
+    def facts(self, ref: str, base_id: str) -> inputs.BaseFacts:
+        cache = BUILD_DIR / "probe" / base_id.removeprefix("sha256:")
+        probe = cache.read_text().strip() if cache.is_file() else self.engine.probe(base_id)
+        if not re.fullmatch(r"3\.\d+ \S+ 2\.\d+", probe):
+            raise BuildError(f"{ref}: unexpected probe result '{probe}' (want 'X.Y MACHINE GLIBC'); "
+                             f"delete {relative(cache)}")
+        facts = inputs.BaseFacts(*probe.split())
+        if int(facts.python.split(".")[1]) < 10:
+            raise BuildError(f"{ref} has Python {facts.python}; the layer tool needs >= 3.10")
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(probe + "\n")
+        self.progress(f"base: {ref} ({base_id[7:19]}): Python {facts.python}, {facts.machine}, glibc {facts.glibc}")
+        return facts
+
+    def prepare(self, ref: str, base_id: str) -> dict[str, Context]:
+        """Every layer's context, staged: the backport, the wheelhouses, build/context(-LAYER)."""
+        backport, self.backport_sha, note = inputs.prepare_backport(sys.executable)
+        self.progress(f"backport: {relative(backport)} ({note})")
+        facts = self.facts(ref, base_id)
+        wheelhouse, note = inputs.tool_wheelhouse(sys.executable, facts)
+        self.progress(f"wheelhouse: {wheelhouse} ({note})")
+        shared = inputs.stage_context(wheelhouse, backport)
+        self.progress(f"context: build/context (sha256 {shared.sha256[:16]})")
+        contexts = {layer: shared for layer in self.layers}
+        for layer in [name for name in self.layers if inputs.packages_file(name).is_file()]:
+            wheels, note = inputs.packages_wheelhouse(sys.executable, facts, layer)
+            self.progress(f"sm121 packages: {wheels} ({note}, {len(list(wheels.glob('*.whl')))} wheels)")
+            contexts[layer] = inputs.stage_packages_context(shared, layer, wheels)
+            self.progress(f"context: {relative(contexts[layer].path)} (sha256 {contexts[layer].sha256[:16]})", False)
+        return contexts
+
+    def build_layer(self, layer: str, base_id: str, base_ref: str, context: Context) -> tuple[str, str]:
+        """Build, read back, label and tag LAYER: (outcome, image ID)."""
+        log = BUILD_DIR / "logs" / f"{layer}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            built = self.engine.build(inputs.dockerfile_of(layer), context.path, base_id, log, self.args.verbose)
+        except BuildFailed as error:
+            lines = log.read_text(errors="replace").splitlines()
+            refusal = [line[max(line.find("glm53 layer:"), 0):] for line in lines if "REFUSED" in line]
+            print("\n".join(f"  {line}" for line in refusal or lines[-15:]), file=sys.stderr)
+            if refusal:
+                raise Refused(f"refused by scripts/patch-layer (full output: {relative(log)})") from None
+            raise BuildError(f"docker build failed: {error} (full output: {relative(log)})") from None
+        # Until it is labelled, the built image holds a tag of its own, so that whatever prunes
+        # untagged images meanwhile (docker image prune, a concurrent test session) leaves it.
+        hold = f"{self.tag(layer)}:unlabelled-{os.getpid()}"
+        self.engine.tag(built, hold)
+        try:
+            record = self.engine.record(built, layer)
+            field = {key: ",".join(value) if isinstance(value, list) else str(value).split("\n")[0]
+                     for key, value in record.items()}
+            if field.get("layer") != layer or field.get("outcome") not in OK:
+                raise BuildError(f"the built image records layer '{field.get('layer')}' outcome "
+                                 f"'{field.get('outcome')}'; not tagged")
+            labels = self.labels(layer, field, base_id, base_ref, context)
+            self.engine.label(built, labels, self.tag(layer), log)
+        finally:
+            self.engine.untag(hold)
+        if self.engine.labels(self.tag(layer)).get("glm53.inputs") != labels["glm53.inputs"]:
+            raise BuildError(f"{self.tag(layer)} does not carry this build's inputs label after tagging")
+        return field["outcome"], self.engine.image_id(self.tag(layer))
+
+    def labels(self, layer: str, field: dict, base_id: str, base_ref: str, context: Context) -> dict:
+        """What the image says about itself: the record's fields, the inputs, the base."""
+        base, index, commit = self.engine.inspect(base_id), LAYERS.index(layer), inputs.recipe_commit()
+        below = base["Config"].get("Labels") or {}
+        # glm53.chain lists every layer's outcome, when the base is this chain's previous layer.
+        earlier = below.get("glm53.chain", "") + " " if index and below.get("glm53.layer") == LAYERS[index - 1] else ""
+        labels = {
+            "glm53.scheme": inputs.SCHEME, "glm53.layer": layer, "glm53.outcome": field["outcome"],
+            "glm53.files": field.get("files", ""), "glm53.reason": field.get("reason", ""),
+            "glm53.chain": f"{earlier}{layer}={field['outcome']}",
+            "glm53.inputs": inputs.inputs_hash(layer, base_id, context),
+            "glm53.commit": commit, "org.opencontainers.image.revision": commit,
+            "glm53.patch.sha256": inputs.patch_hash(layer), "glm53.backport.sha256": self.backport_sha,
+            "glm53.wheelhouse.sha256": context.wheelhouse_sha256, "glm53.base.id": base_id,
+            "glm53.base.ref": base_ref, "glm53.base.digest": " ".join(base.get("RepoDigests") or []) or "none",
+            "glm53.vllm.root": field.get("vllm_root", ""), "glm53.python": field.get("python", ""),
+        }
+        if context.packages_sha256:
+            labels.update({"glm53.packages": field.get("packages", ""),
+                           "glm53.packages.wheelhouse.sha256": context.packages_sha256})
+        return labels
+
+    def move_aside_from(self, layer: str) -> None:
+        """LAYER's and every later layer's tags go to :stale: no earlier build passes for this one."""
+        for later in LAYERS[LAYERS.index(layer):]:
+            tag = self.tag(later)
+            if self.engine.image_id(tag):
+                self.engine.tag(tag, f"{tag}:stale")
+                self.engine.untag(tag)
+                say(f"moved the earlier {tag} aside to {tag}:stale; it is not the result of this build")
+
+    def run(self) -> int:
+        ref, base_id = self.base()
+        self.check_pin(ref, base_id)
+        contexts = self.prepare(ref, base_id)
+        summary, pending, base_ref = [], "", ref
+        for layer in self.layers:
+            tag, wanted = self.tag(layer), inputs.inputs_hash(layer, base_id, contexts[layer])
+            existing, labels = self.engine.image_id(tag), self.engine.labels(tag)
+            if pending:
+                self.progress(f"{layer}: would build {tag} after {pending} (its base changes)")
+            elif existing and labels.get("glm53.inputs") == wanted and labels.get("glm53.outcome") in OK:
+                outcome = labels["glm53.outcome"]
+                self.progress(f"{layer}: up to date: {tag} ({existing[7:19]}, {outcome}, inputs {wanted[:12]})")
+                summary.append(row(layer, outcome, tag, existing[7:19], "up-to-date"))
+                base_id, base_ref = existing, tag
+                continue
+            elif self.args.check:
+                replaces = f"; replaces {existing[7:19]}" if existing else ""
+                self.progress(f"{layer}: would build {tag} on {base_ref} ({base_id[7:19]}, inputs {wanted[:12]}{replaces})")
+                pending = layer
+            else:
+                self.progress(f"{layer}: building {tag} on {base_ref} ({base_id[7:19]}) ...")
+                started = time.monotonic()
+                try:
+                    outcome, existing = self.build_layer(layer, base_id, base_ref, contexts[layer])
+                except BuildError as error:
+                    say(f"{layer}: {error}")
+                    status = 3 if isinstance(error, Refused) else 1
+                    took = f"{time.monotonic() - started:.0f} s"
+                    summary.append(row(layer, "refused" if status == 3 else "failed", "(not tagged)", "-", took))
+                    self.move_aside_from(layer)
+                    return self.finish(summary, layer, status)
+                took = f"{time.monotonic() - started:.0f} s"
+                self.progress(f"{layer}: {outcome}: tagged {tag} ({existing[7:19]}, {took})", False)
+                summary.append(row(layer, outcome, tag, existing[7:19], f"built in {took}"))
+                base_id, base_ref = existing, tag
+                continue
+            summary.append(row(layer, "would-build", tag))
+        return self.finish(summary)
+
+    def finish(self, summary: list[str], failed: str = "", status: int = 0) -> int:
+        print(f"build.sh: summary{' (--check: nothing was built)' if self.args.check else ''}:")
+        print("\n".join(summary))
+        if failed:
+            print(f"build.sh: FAILED at {failed}; no tag was applied for {failed} or any later layer")
+        elif not self.args.check:
+            self.note_stale_later_layers()
+        return status
+
+    def note_stale_later_layers(self) -> None:
+        for index in range(LAYERS.index(self.layers[-1]) + 1, len(LAYERS)):
+            later, below = self.tag(LAYERS[index]), self.engine.image_id(self.tag(LAYERS[index - 1]))
+            if self.engine.image_id(later) and self.engine.labels(later).get("glm53.base.id") != below:
+                say(f"note: {later} was built on another {self.tag(LAYERS[index - 1])}; rebuild it "
+                    f"with --to {LAYERS[index]}")
+
+
+def main(argv: list[str]) -> int:
+    try:
+        args = arguments(argv)
+        BUILD_DIR.mkdir(parents=True, exist_ok=True)
+        with (BUILD_DIR / ".lock").open("w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                say(f"waiting for another scripts/build.sh in this checkout ({relative(BUILD_DIR / '.lock')})")
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            return Chain(args).run()
+    except (BuildError, recipe_file.RecipeError) as error:
+        print(f"build.sh: error: {error}", file=sys.stderr)
+        return 1

@@ -1,0 +1,117 @@
+"""The Docker engine, through the docker SDK: classic-builder builds with their progress
+stream, throwaway containers (the base's probe, a layer's record), labels and tags."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+import sys
+from pathlib import Path
+
+import docker
+from docker.errors import APIError, ContainerError, DockerException, ImageNotFound
+
+from recipekit.imagebuild.inputs import BuildError
+
+# Where docker/apply-layer.py records each layer's result inside the image.
+RECORD_DIR = "/opt/glm53-recipe/build-record"
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+PROBE = ('import os, platform, sys; print("%d.%d" % sys.version_info[:2], platform.machine(), '
+         'os.confstr("CS_GNU_LIBC_VERSION").split()[-1])')
+
+
+class Engine:
+    def __init__(self) -> None:
+        try:
+            self.client = docker.from_env(timeout=600)
+            self.client.ping()
+        except DockerException as error:
+            raise BuildError(f"no Docker engine answers ({str(error)[:160]}); start dockerd or "
+                             "check DOCKER_HOST") from None
+        self.api = self.client.api
+
+    def inspect(self, ref: str) -> dict | None:
+        try:
+            return self.api.inspect_image(ref)
+        except ImageNotFound:
+            return None
+        except APIError as error:  # an invalid reference names no image either
+            if error.status_code == 400:
+                return None
+            raise
+
+    def image_id(self, ref: str) -> str:
+        return (self.inspect(ref) or {}).get("Id", "")
+
+    def labels(self, ref: str) -> dict[str, str]:
+        return (self.inspect(ref) or {"Config": {}})["Config"].get("Labels") or {}
+
+    def output(self, image: str, entrypoint: str, *args: str) -> str:
+        """The stdout of ENTRYPOINT ARGS in a throwaway container of IMAGE, without network."""
+        try:
+            out = self.client.containers.run(image, list(args), entrypoint=[entrypoint], network_mode="none", remove=True)
+        except ContainerError as error:
+            why = (error.stderr or b"").decode(errors="replace").strip()[:300]
+            raise BuildError(f"{image[7:19]}: {entrypoint} {' '.join(args)[:60]} failed in a container: {why}") from None
+        return out.decode(errors="replace")
+
+    def probe(self, base_id: str) -> str:
+        return self.output(base_id, "python3", "-c", PROBE).strip()
+
+    def record(self, image: str, layer: str) -> dict:
+        return json.loads(self.output(image, "cat", f"{RECORD_DIR}/{layer}.json"))
+
+    def build(self, dockerfile: Path, context: Path, base_id: str, log: Path, verbose: bool) -> str:
+        """DOCKERFILE built on BASE_ID from CONTEXT, its progress in LOG: the image ID."""
+        # The SDK sends DOCKERFILE as .dockerfile.<random> beside the context, which the
+        # context's .dockerignore keeps out of COPY . (as the docker CLI does for -f).
+        with log.open("w") as sink:
+            return _follow(self.api.build(path=str(context), dockerfile=str(dockerfile), buildargs={"BASE_IMAGE": base_id},
+                                          network_mode="none", rm=True, forcerm=True, decode=True), sink, verbose)
+
+    def label(self, image: str, labels: dict[str, str], tag: str, log: Path) -> None:
+        """Tag IMAGE plus one LABEL instruction (the classic builder makes a step of each
+        --label, a full image copy on vfs) as TAG."""
+        pairs = "".join(f' \\\n  {json.dumps(key)}={_quoted(value)}' for key, value in labels.items())
+        dockerfile = f"FROM {image}\nLABEL{pairs}\n".encode()
+        with log.open("a") as sink:
+            _follow(self.api.build(fileobj=io.BytesIO(dockerfile), tag=tag, network_mode="none",
+                                   rm=True, decode=True), sink, False)
+
+    def tag(self, image: str, ref: str) -> None:
+        repository, _, tag = ref.rpartition(":") if ":" in ref.rsplit("/", 1)[-1] else (ref, "", "latest")
+        self.api.tag(image, repository, tag)
+
+    def untag(self, ref: str) -> None:
+        with contextlib.suppress(APIError):
+            self.api.remove_image(ref)
+
+
+class BuildFailed(BuildError):
+    """The builder's error (the log holds the rest)."""
+
+
+def _quoted(value: str) -> str:
+    """VALUE as a Dockerfile string: JSON's escapes, and no variable expansion."""
+    return json.dumps(value, ensure_ascii=False).replace("$", "\\$")
+
+
+def _follow(stream, sink, verbose: bool) -> str:
+    image = ""
+    for chunk in stream:
+        # The builder colours a step's stderr; the log is plain text.
+        text = ANSI.sub("", chunk.get("stream", ""))
+        if "error" in chunk:
+            text += f"{chunk['error']}\n"
+        sink.write(text)
+        sink.flush()
+        if verbose:
+            sys.stderr.write(text)
+        if "error" in chunk:
+            raise BuildFailed(chunk["error"].strip())
+        image = chunk.get("aux", {}).get("ID", image)
+    if not image:
+        raise BuildFailed("the builder reported no image ID")
+    return image

@@ -1,0 +1,110 @@
+"""recipekit's imports run one way: primitives, then the layer runner, codepatch, the layers,
+the image build. Imports are read from the source with ast; nothing is imported."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = REPO_ROOT / "recipekit"
+# Bottom to top; a module of one rank may import only its own rank or the ranks below it.
+# Every recipekit module not named here is a primitive (rank 0).
+RANKS = ("recipekit.layer", "recipekit.codepatch", "recipekit.layers", "recipekit.imagebuild")
+
+
+def module_name(path: Path) -> str:
+    name = ".".join(path.relative_to(REPO_ROOT).with_suffix("").parts)
+    return name.removesuffix(".__init__")
+
+
+def rank_of(module: str) -> int:
+    for index, prefix in reversed(list(enumerate(RANKS, start=1))):
+        if module == prefix or module.startswith(prefix + "."):
+            return index
+    return 0
+
+
+def imports_of(module: str, source: str, known: set[str]) -> set[str]:
+    """The recipekit modules SOURCE imports (`from recipekit import x` names recipekit.x)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.split(".")[0] == "recipekit"}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".") if is_package(module) else module.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "recipekit":
+                continue
+            found.add(target)
+            found |= {f"{target}.{alias.name}" for alias in node.names if f"{target}.{alias.name}" in known}
+    return (found & known) - {"recipekit", module}
+
+
+def is_package(module: str) -> bool:
+    return (REPO_ROOT / Path(*module.split(".")) / "__init__.py").is_file()
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{module} imports {target}" for module, targets in graph.items()
+                  for target in targets if rank_of(target) > rank_of(module))
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    found, state = [], {}
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = "open"
+        for target in sorted(graph.get(module, ())):
+            if state.get(target) == "open":
+                found.append(path[path.index(target):] + [target] if target in path else [module, target])
+            elif target not in state:
+                visit(target, path + [target])
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    return found
+
+
+def recipekit_graph() -> dict[str, set[str]]:
+    paths = sorted(PACKAGE.rglob("*.py"))
+    known = {module_name(path) for path in paths}
+    return {module_name(path): imports_of(module_name(path), path.read_text(encoding="utf-8"), known)
+            for path in paths}
+
+
+def test_no_recipekit_module_imports_upward():
+    graph = recipekit_graph()
+    assert graph["recipekit.codepatch"] >= {"recipekit.layer"}
+    assert upward_imports(graph) == []
+
+
+def test_recipekit_imports_have_no_cycle():
+    assert cycles(recipekit_graph()) == []
+
+
+def test_the_layer_base_class_lives_below_codepatch():
+    defined = {node.name for node in ast.parse((PACKAGE / "layer.py").read_text()).body
+               if isinstance(node, ast.ClassDef)}
+    assert {"Layer", "LayerResult", "LayerSetupError"} <= defined
+    layers_init = ast.parse((PACKAGE / "layers" / "__init__.py").read_text())
+    assert not [node for node in layers_init.body if isinstance(node, ast.ClassDef)]
+
+
+def test_the_check_catches_an_upward_import_and_a_cycle():
+    """The old shape (codepatch importing recipekit.layers) and a two-module cycle are caught."""
+    known = {"recipekit.codepatch", "recipekit.layers", "recipekit.tree", "recipekit.verify"}
+    old = imports_of("recipekit.codepatch", "from recipekit.layers import Layer\n", known)
+    assert upward_imports({"recipekit.codepatch": old}) == [
+        "recipekit.codepatch imports recipekit.layers"
+    ]
+    relative = imports_of("recipekit.layers", "from . import v8\nfrom ..tree import TreeView\n",
+                          known | {"recipekit.layers.v8"})
+    assert relative == {"recipekit.layers.v8", "recipekit.tree"}
+    assert cycles({"recipekit.tree": {"recipekit.verify"}, "recipekit.verify": {"recipekit.tree"}})
