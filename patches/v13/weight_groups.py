@@ -15,7 +15,7 @@ measured them (see docs/quality.md for what was proven here and what a Spark own
 Settings (the recipe sets them identically on every rank; unset means off):
   GLM53_INT8_W8A16        comma list of shared, mla, kda_o, kda_in, lm_head (target)
   GLM53_INT_GROUP_SIZE    64 or 128 (default 128)
-  GLM53_NVFP4_W4A16       "draft": the drafter's linears to NVFP4 weight-only
+  GLM53_DRAFT_WEIGHTS     nvfp4: the drafter's linears to NVFP4 weight-only; bf16: as loaded
   GLM53_TARGET_WEIGHT_FORMAT  int8 (default) or nvfp4; nvfp4 failed the seed's quality
                           gate on KL and is refused unless GLM53_FORCE_UNSAFE_WEIGHTS=1
 """
@@ -99,11 +99,11 @@ def settings_from_env(env=os.environ) -> dict:
         raise WeightGroupsError(f"GLM53_TARGET_WEIGHT_FORMAT={target_format}: "
                                 f"{UNSAFE_TARGET_FORMATS[target_format]}; use int8, or set "
                                 f"GLM53_FORCE_UNSAFE_WEIGHTS=1 and run the quality gate")
-    draft = env.get("GLM53_NVFP4_W4A16", "").strip()
-    if draft not in ("", "draft"):
-        raise WeightGroupsError(f"GLM53_NVFP4_W4A16={draft!r}: use draft, or leave it unset")
+    draft = env.get("GLM53_DRAFT_WEIGHTS", "").strip()
+    if draft not in ("", "bf16", "nvfp4"):
+        raise WeightGroupsError(f"GLM53_DRAFT_WEIGHTS={draft!r}: use bf16 or nvfp4")
     return {"groups": groups, "group_size": int(size_text), "target_format": target_format,
-            "draft_nvfp4": draft == "draft"}
+            "draft_nvfp4": draft == "nvfp4"}
 
 
 # ----------------------------------------------------------------------------- formats

@@ -22,6 +22,8 @@ from tests.engine.cache import cached_dir, content_key, progress
 from tests.engine.conftest import ENGINE_NICENESS, TINY_SERVE_ARGS
 from tests.engine.engine_server import EngineServer
 
+# four engines boot here on a shared 2-core machine: minutes each
+pytestmark = pytest.mark.timeout(2700)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FLOAT64 = Path(__file__).with_name("float64_logprobs.py")
 MAX_TOKENS = 48
