@@ -87,6 +87,9 @@ class _StubKernel:
     def can_implement(cls, config):
         return True, None
 
+    def input_quant_key(self):
+        return None  # a weight-only kernel takes its input as it is
+
     def process_weights_after_loading(self, layer) -> None:
         _StubKernel.processed.append(layer)
 
