@@ -4,11 +4,14 @@
     bench/plot.py RESULT.json [-o RESULT.png]              a bench_decode.py --json file
     bench/plot.py --compare A.json B.json [-o A-vs-B.png]  two of them side by side
     bench/plot.py SAMPLES.csv [-o SAMPLES.png]             a memory-guard sample file
+    bench/plot.py GATE.json [-o GATE.png]                  a quality.py aa or gate file
 
 A bench picture has four panels: per-stream and aggregate tok/s against concurrency (median
 over runs, with the runs' min-max as a bar), acceptance length, and acceptance per draft
 position (one line per cell). A memory picture draws MemAvailable per node over time, the
-boot phases shaded, each node's floor dashed and samples under it marked. Exit code 0 when
+boot phases shaded, each node's floor dashed and samples under it marked. A quality picture
+draws KL(reference || candidate) per generated position of each prompt (log scale, top-1
+disagreements marked) and each phase's mean KL against the band's limit. Exit code 0 when
 the PNG was written, 2 when an input is not what it should be (one line says which and why).
 docs/bench.md, section "Plots", says more.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import math
 import os
 import sys
@@ -268,6 +272,61 @@ def memory_figure(samples: list[MemorySample], name: str = "memory guard") -> Fi
 # ----------------------------------------------------------------------------- command line
 
 
+# ----------------------------------------------------------------------------- quality files
+
+QUALITY_KINDS = ("quality-aa", "quality-gate")
+
+
+def quality_kind(path: str) -> str | None:
+    """The kind of a quality.py result, None for any other file."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    kind = doc.get("kind") if isinstance(doc, dict) else None
+    return kind if isinstance(kind, str) and kind.startswith("quality-") else None
+
+
+def quality_figure(doc: dict, name: str = "quality") -> Figure:
+    fig = Figure(figsize=(12, 4.5), layout="constrained")
+    left, right = fig.subplots(1, 2, width_ratios=(2, 1))
+    floor = 1e-12  # a position with KL 0 is drawn at the axis floor
+    for prompt in doc["prompts"]:
+        kls = [max(k, floor) for k in prompt["kl"]]
+        line, = left.semilogy(range(len(kls)), kls, label=prompt["phase"], linewidth=1)
+        flips = prompt["top1_disagree_at"]
+        left.semilogy(flips, [kls[i] for i in flips], "x", color=line.get_color())
+    left.set_xlabel("generated position")
+    left.set_ylabel("KL(reference || candidate), nats")
+    left.set_title("per position (x: top-1 differs)")
+    left.legend(fontsize=8)
+    phases = list(doc["phases"])
+    means = [max(doc["phases"][p]["kl_mean"], floor) for p in phases]
+    right.bar(phases, means, color="#6a8fbf")
+    right.set_yscale("log")
+    for i, p in enumerate(phases):
+        right.annotate(f"top-1 {doc['phases'][p]['top1_agreement']:.3f}", (i, means[i]),
+                       ha="center", va="bottom", fontsize=8)
+    limits = {c["scope"]: c for c in doc.get("checks", []) if c["metric"] == "kl_mean"}
+    if limits:
+        right.scatter(phases, [max(limits[p]["limit"], floor) for p in phases], marker="_",
+                      s=600, color="#c0392b", label="band limit", zorder=3)
+        right.legend(fontsize=8)
+    right.set_title("mean KL per phase")
+    verdict = {True: "PASS", False: "FAIL"}.get(doc.get("passed"), "A/A band")
+    fig.suptitle(f"{name}: {doc['kind']} {verdict}, overall mean KL "
+                 f"{doc['overall']['kl_mean']:.3g}, top-1 {doc['overall']['top1_agreement']:.4f}")
+    return fig
+
+
+def _load_quality(path: str) -> dict:
+    doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    if doc["kind"] not in QUALITY_KINDS:
+        raise PlotError(f"{path}: a {doc['kind']} file has nothing to compare; plot the aa or "
+                        f"gate file made from it")
+    return doc
+
+
 def is_memory_file(path: str) -> bool:
     try:
         with open(path, encoding="utf-8") as handle:
@@ -312,6 +371,9 @@ def main(argv: list[str] | None = None) -> int:
             a, b = (Path(p) for p in opts.compare)
             out = Path(opts.output or a.with_name(f"{a.stem}-vs-{b.stem}.png"))
             fig = compare_figure(_load_bench(str(a)), _load_bench(str(b)), (a.name, b.name))
+        elif quality_kind(opts.input):
+            out = Path(opts.output or Path(opts.input).with_suffix(".png"))
+            fig = quality_figure(_load_quality(opts.input), Path(opts.input).name)
         elif is_memory_file(opts.input) or opts.input.lower().endswith(".csv"):
             out = Path(opts.output or Path(opts.input).with_suffix(".png"))
             fig = memory_figure(load_memory_samples(opts.input), Path(opts.input).name)

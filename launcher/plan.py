@@ -416,6 +416,17 @@ def gib(count: int) -> str:
     return f"{hundredths // 100}.{hundredths % 100:02d}"
 
 
+def weights_phrase(launch: Launch) -> str:
+    """The weight-only groups (layer v13) a run asks for; empty when none."""
+    parts = []
+    if launch["TARGET_WEIGHT_GROUPS_INT8"]:
+        parts.append(f"target {launch['TARGET_WEIGHT_FORMAT'] or 'int8'} "
+                     f"g{launch['INT_GROUP_SIZE'] or '128'} {launch['TARGET_WEIGHT_GROUPS_INT8']}")
+    if launch["DRAFT_WEIGHTS"] == "nvfp4":
+        parts.append("drafter nvfp4")
+    return f", weight-only {', '.join(parts)}" if parts else ""
+
+
 def startup_line(launch: Launch, drafter_phrase: str) -> str:
     """The one start-up line: model, drafter and licence, k, context, graphs, KV pin, nodes."""
     model = launch["MODEL"] if launch.local_model else f"{launch['MODEL']}@{launch.model_pin}"
@@ -433,5 +444,5 @@ def startup_line(launch: Launch, drafter_phrase: str) -> str:
     kv = launch["KV_CACHE_MEMORY_BYTES"]
     return (f"model {model}, {drafter}, context {launch['MAX_MODEL_LEN']}, "
             f"{launch['MAX_NUM_SEQS']} seqs, {mode}, KV pin {kv} bytes ({gib(int(kv))} GiB "
-            f"{launch['KV_CACHE_DTYPE']}), image {launch['IMAGE']}, nodes "
+            f"{launch['KV_CACHE_DTYPE']}){weights_phrase(launch)}, image {launch['IMAGE']}, nodes "
             f"{' '.join(launch.nodes.addresses)} (TP={launch['TP']})")

@@ -61,6 +61,10 @@ beside it (the command-line option wins).
                                                       "chunk_monotonic": [when each token-bearing
                                                       chunk was written], "chunk_tokens": [...]}
   --startup-seconds S     FAKE_VLLM_STARTUP_SECONDS  wait before listening (boot time); default 0
+  --logprob-tilt T        FAKE_VLLM_LOGPROB_TILT     /v1/completions: the top-1 token's logprob is
+                                                      T nats lower at every position (a candidate
+                                                      whose distributions differ by a known KL);
+                                                      default 0
 
 Answer mode (the truth bench/probes.py is tested against; the http400, http500 and, on a
 streamed request, truncate faults still apply):
@@ -99,7 +103,11 @@ each position is derived from the messages (never from cache_salt) and the token
 
 Endpoints: GET /health, /version, /v1/models, /metrics; POST /v1/chat/completions (streamed
 SSE or not; stream_options.include_usage and continuous_usage_stats; logprobs with
-top_logprobs; return_tokens_as_token_ids renders tokens as "token_id:N").
+top_logprobs; return_tokens_as_token_ids renders tokens as "token_id:N"); POST /tokenize
+(chat messages to ids, the last one PROMPT_END) and POST /v1/completions on token ids (greedy
+with `logprobs` N, and `prompt_logprobs` N scoring given ids): there the next token depends on
+the prompt (the ids up to the last PROMPT_END), the output position and the previous id, with
+the same near-ties, flips and divergences as the chat model.
 """
 
 from __future__ import annotations
@@ -199,6 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--request-log", default=env("FAKE_VLLM_REQUEST_LOG", ""))
     parser.add_argument("--startup-seconds", type=float,
                         default=float(env("FAKE_VLLM_STARTUP_SECONDS", "0")))
+    parser.add_argument("--logprob-tilt", type=float,
+                        default=float(env("FAKE_VLLM_LOGPROB_TILT", "0")))
     add_answer_options(parser)
     add_launcher_options(parser)
     return parser
@@ -258,6 +268,7 @@ class Program:
     request_log: str
     answers: AnswerProgram | None = None
     max_model_len: int = 327680
+    logprob_tilt: float = 0.0
 
 
 def program_from_args(args: argparse.Namespace) -> Program:
@@ -307,6 +318,7 @@ def program_from_args(args: argparse.Namespace) -> Program:
         request_log=args.request_log,
         answers=answer_program_from_args(args),
         max_model_len=args.max_model_len,
+        logprob_tilt=args.logprob_tilt,
     )
 
 
@@ -513,6 +525,88 @@ def _logprob_entries(steps: list[TokenStep], top_k: int, as_ids: bool) -> list[d
                              for t, lp in ranked[:top_k]],
         })
     return entries
+
+
+# ----------------------------------------------------------------------------- token ids
+
+PROMPT_END = VOCAB_SIZE - 1  # ends every /tokenize answer; never generated
+
+
+def tokenize_messages(messages: list) -> list[int]:
+    text = json.dumps(canonical_messages(messages), sort_keys=True, separators=(",", ":"))
+    return [1 + ord(ch) % 1000 for ch in text] + [PROMPT_END]
+
+
+def _id_step(program: Program, context: list[int]) -> tuple[int, TokenStep]:
+    """(output position, the step) of the next token after `context` (prompt + output)."""
+    end = len(context) - 1 - context[::-1].index(PROMPT_END)
+    prompt, position = context[:end + 1], len(context) - end - 1
+    seed = int(hashlib.sha256(json.dumps(prompt).encode()).hexdigest()[:16], 16)
+    previous = context[-1] if position else 0
+    best = _mix(seed ^ _mix(position) ^ previous) % PROMPT_END
+    second = (best + 1 + _mix(best) % (PROMPT_END - 1)) % PROMPT_END
+    margin = program.near_tie_margin if position in program.near_ties else CLEAR_MARGIN_NATS
+    return position, TokenStep(best, best, second, margin)
+
+
+def _id_ranked(program: Program, step: TokenStep, top_k: int) -> dict[int, float]:
+    """The listed logprobs of a step: as the chat model's, the top-1 tilted down."""
+    ranked = [(step.best, TOP_LOGPROB - program.logprob_tilt),
+              (step.second, TOP_LOGPROB - step.margin)]
+    ranked += [((step.best + 7 * i) % PROMPT_END, TOP_LOGPROB - step.margin - i)
+               for i in range(1, top_k - 1)]
+    return dict(ranked[:max(top_k, 1)])
+
+
+def completion_answer(program: Program, body: dict) -> dict:
+    prompt = body.get("prompt")
+    if (not isinstance(prompt, list) or not prompt or PROMPT_END not in prompt
+            or not all(isinstance(t, int) for t in prompt)):
+        raise ValueError("fake: prompt must be token ids from /tokenize")
+    as_ids = bool(body.get("return_tokens_as_token_ids"))
+
+    def name(token: int) -> str:
+        return f"token_id:{token}" if as_ids else token_text(token)
+
+    choice: dict = {"index": 0, "finish_reason": "length", "logprobs": None,
+                    "prompt_logprobs": None}
+    want = body.get("prompt_logprobs")
+    if want is not None:
+        rows: list = [None]
+        for i in range(1, len(prompt)):
+            if PROMPT_END not in prompt[:i]:
+                rows.append({str(prompt[i]): {"logprob": -1.0, "rank": 1,
+                                              "decoded_token": token_text(prompt[i])}})
+                continue
+            _, step = _id_step(program, prompt[:i])
+            listed = _id_ranked(program, step, int(want))
+            if prompt[i] not in listed:
+                listed[prompt[i]] = min(listed.values()) - 1.0
+            order = sorted(listed, key=lambda t: -listed[t])
+            rows.append({str(t): {"logprob": listed[t], "rank": order.index(t) + 1,
+                                  "decoded_token": token_text(t)} for t in listed})
+        choice["prompt_logprobs"] = rows
+    context, tokens, tops = list(prompt), [], []
+    top_k = int(body.get("logprobs") or 0)
+    for _ in range(int(body.get("max_tokens") or 16)):
+        position, step = _id_step(program, context)
+        flip = position in program.diverge_at or (program.flip_near_ties
+                                                  and position in program.near_ties)
+        emitted = step.second if flip and program.diverge_when == "always" else step.best
+        tokens.append(emitted)
+        tops.append(_id_ranked(program, step, top_k))
+        context.append(emitted)
+    choice["text"] = "".join(token_text(t) for t in tokens)
+    if body.get("logprobs") is not None:
+        choice["logprobs"] = {
+            "tokens": [name(t) for t in tokens],
+            "token_logprobs": [top.get(t, -30.0) for t, top in zip(tokens, tops)],
+            "top_logprobs": [{name(t): lp for t, lp in top.items()} for top in tops],
+            "text_offset": [0] * len(tokens)}
+    return {"id": "cmpl-fake", "object": "text_completion", "created": int(time.time()),
+            "model": program.served_name, "choices": [choice],
+            "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(tokens),
+                      "total_tokens": len(prompt) + len(tokens)}}
 
 
 class ChatHandler:
@@ -965,6 +1059,16 @@ class FakeServer:
                                    "text/plain; version=0.0.4; charset=utf-8"))
         elif method == "POST" and path == "/v1/chat/completions":
             return await self.chat.handle(body, writer)
+        elif method == "POST" and path in ("/tokenize", "/v1/completions"):
+            try:
+                request = json.loads(body or b"{}")
+                answer = (completion_answer(program, request) if path == "/v1/completions"
+                          else {"tokens": tokenize_messages(request["messages"]),
+                                "max_model_len": program.max_model_len})
+            except (ValueError, KeyError, TypeError) as exc:
+                writer.write(_error(400, f"fake: {exc}", "BadRequestError"))
+            else:
+                writer.write(_json_response(200, answer))
         else:
             writer.write(_error(404, f"fake: no route {method} {path}", "NotFoundError"))
         return True

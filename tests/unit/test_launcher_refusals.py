@@ -80,6 +80,23 @@ REFUSALS = [
     ({"LINEAR_BACKEND": "auto"}, f"LINEAR_BACKEND=auto: {LINEAR_WHY}"),
     ({"LINEAR_BACKEND": "flashinfer_cutlass"}, f"LINEAR_BACKEND=flashinfer_cutlass: {LINEAR_WHY}"),
     ({"FORCE_UNSAFE_LINEAR": "2"}, "FORCE_UNSAFE_LINEAR=2: accepted: 0 | 1"),
+    # weight-only quantization (v13)
+    ({"TARGET_WEIGHT_GROUPS_INT8": "shared,moe"},
+     "TARGET_WEIGHT_GROUPS_INT8=shared,moe: accepted: a comma list of shared, mla, kda_o, "
+     "kda_in, lm_head, or none"),
+    ({"TARGET_WEIGHT_GROUPS_INT8": "mla,"},
+     "TARGET_WEIGHT_GROUPS_INT8=mla,: accepted: a comma list of shared, mla, kda_o, kda_in, "
+     "lm_head, or none"),
+    ({"INT_GROUP_SIZE": "32"}, "INT_GROUP_SIZE=32: accepted: 64 | 128"),
+    ({"TARGET_WEIGHT_FORMAT": "nvfp4"},
+     "TARGET_WEIGHT_FORMAT=nvfp4: NVFP4 on target groups failed the seed's v13 quality gate on "
+     "KL (run bench/quality.py gate before trusting it); accepted: int8, or set "
+     "FORCE_UNSAFE_WEIGHTS=1"),
+    ({"TARGET_WEIGHT_FORMAT": "fp8"},
+     "TARGET_WEIGHT_FORMAT=fp8: accepted: int8 or nvfp4 (FP8 on target groups failed the "
+     "seed's quality gate on KL and is not offered)"),
+    ({"FORCE_UNSAFE_WEIGHTS": "yes"}, "FORCE_UNSAFE_WEIGHTS=yes: accepted: 0 | 1"),
+    ({"DRAFT_WEIGHTS": "fp8"}, "DRAFT_WEIGHTS=fp8: accepted: bf16 | nvfp4"),
     ({"MM_PROCESSOR_CACHE_GB": "4GiB"},
      ("MM_PROCESSOR_CACHE_GB=4GiB: accepted: GiB as a decimal number such as 1 or 0.5, or empty "
       "for vLLM's default (4, too much on unified memory)")),

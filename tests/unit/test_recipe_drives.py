@@ -10,6 +10,8 @@ from tests.unit.test_launcher_support import launcher_env
 SETTINGS = [
     {}, {"ENFORCE_EAGER": "1"}, {"HF_TOKEN_FILE": "/tok"}, {"SPEC": "mtp"},
     {"TOOL_CALL_PARSER": "none", "JIT_CACHE": "none"}, {"GENERATION_CONFIG": '{"top_k": 2}'},
+    {"TARGET_WEIGHT_GROUPS_INT8": "shared,mla,kda_o,kda_in,lm_head", "INT_GROUP_SIZE": "64",
+     "TARGET_WEIGHT_FORMAT": "nvfp4", "FORCE_UNSAFE_WEIGHTS": "1", "DRAFT_WEIGHTS": "nvfp4"},
 ]
 
 

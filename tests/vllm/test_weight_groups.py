@@ -1,0 +1,218 @@
+"""v13's weight groups on the pinned release trees: every group resolves to the Glm5Next
+model code's linears (the seed's list, per layer type), the drafter group to DFlash2's; the
+change applies where both exist and refuses drift in a module name or a signature; and
+(CPU torch) quantize-and-pack through vLLM's own code round-trips real-shaped weights
+within each format's error bound, the swapped layer holding exactly what vLLM's schemes
+register."""
+
+import ast
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from recipekit.layers import run_layer
+from recipekit.layers.v13_weights import (
+    HELPER,
+    HELPER_SOURCE,
+    OWNERS,
+    TARGET,
+    attribute_classes,
+    build,
+    owner_file,
+    resolved_owners,
+)
+from recipekit.tree import TreeView
+from tests.vllm.conftest import REPO_ROOT
+
+GLM5NEXT_RELEASES = ("0.30.0", "0.33.0")
+# the seed's v13 list: group -> (the layer type that holds it, its linears, the vLLM class
+# each is built from); GLM-5.3-Flash has 45 layers, 34 KDA and 11 MLA
+SEED_GROUPS = {
+    "kda_in": ("Glm5NextLinearAttention",
+               {"in_proj_qkvbfg_a": "_Glm5NextMergedColumnParallelLinear"}),
+    "kda_o": ("Glm5NextLinearAttention", {"o_proj": "RowParallelLinear"}),
+    "mla": ("Glm5NextMLAAttention", {"q_b_proj": "ColumnParallelLinear",
+                                     "o_proj": "RowParallelLinear"}),
+    "shared": ("Glm5NextMoE", {"shared_experts.gate_up_proj": "MergedColumnParallelLinear",
+                               "shared_experts.down_proj": "RowParallelLinear"}),
+    "lm_head": ("Glm5NextForCausalLM", {"lm_head": "ParallelLMHead"}),
+}
+SEED_COUNTS = {"kda_in": 34, "kda_o": 34, "mla": 22, "lm_head": 1}
+LAYERS = {"Glm5NextLinearAttention": 34, "Glm5NextMLAAttention": 11, "Glm5NextForCausalLM": 1}
+
+
+def helper_literal(name: str):
+    """A literal assignment of the helper module (it imports vLLM, so it is read, not run)."""
+    for node in ast.parse(HELPER_SOURCE.read_text()).body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == name:
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"{HELPER_SOURCE} has no {name}")
+
+
+def built_from(view: TreeView, owner: str, path: str) -> set[str]:
+    """The classes an attribute path of an owner is built from, walking the model code."""
+    cls = owner
+    for part in path.split("."):
+        source_file = owner_file(view, OWNERS[cls][0])
+        tree = ast.parse(view.read_text(source_file))
+        node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
+        built = attribute_classes(node).get(part, set())
+        cls = next(iter(built & set(OWNERS)), None) or next(iter(built), "")
+    return built
+
+
+@pytest.mark.parametrize("version", GLM5NEXT_RELEASES)
+def test_every_group_resolves_to_the_seeds_linears(release, version):
+    view = TreeView(release(version))
+    groups = helper_literal("GROUPS")
+    assert set(groups) == set(SEED_GROUPS)
+    resolved_owners(view)  # refuses on any drift
+    for group, (owner, linears) in SEED_GROUPS.items():
+        assert groups[group] == (owner, tuple(linears)), group
+        for path, linear in linears.items():
+            assert linear in built_from(view, owner, path), (group, path)
+    # the decoder layer holds one attention of each kind, and the MoE its shared experts
+    layer_file = owner_file(view, OWNERS["Glm5NextMoE"][0])
+    decoder = next(n for n in ast.parse(view.read_text(layer_file)).body
+                   if isinstance(n, ast.ClassDef) and n.name == "Glm5NextDecoderLayer")
+    assert attribute_classes(decoder)["self_attn"] == {"Glm5NextLinearAttention",
+                                                       "Glm5NextMLAAttention"}
+    # linears per model: per layer type times the layers of that type
+    for group, count in SEED_COUNTS.items():
+        owner, linears = SEED_GROUPS[group]
+        assert LAYERS[owner] * len(linears) == count
+
+
+@pytest.mark.parametrize("version", ["0.30.0"])
+def test_drafter_group_resolves_to_dflash2s_linears(release, version):
+    view = TreeView(release(version))
+    draft = helper_literal("DRAFT_OWNERS")
+    assert helper_literal("DRAFT_ROOTS") == ("DFlash2Qwen3ForCausalLM",)
+    assert built_from(view, "DFlashQwen3Attention", "qkv_proj") == {"QKVParallelLinear"}
+    assert built_from(view, "DFlashQwen3Attention", "o_proj") == {"RowParallelLinear"}
+    assert built_from(view, "Qwen2MLP", "gate_up_proj") == {"MergedColumnParallelLinear"}
+    assert built_from(view, "DFlashQwen3Model", "fc") == {"ReplicatedLinear"}
+    assert draft == {"DFlashQwen3Attention": ("qkv_proj", "o_proj"),
+                     "Qwen2MLP": ("gate_up_proj", "down_proj"), "DFlash2Qwen3Model": ("fc",)}
+    # the drafter's decoder layer builds its attention and MLP from those classes
+    source = view.read_text("vllm/model_executor/models/qwen3_dflash.py")
+    layer = next(n for n in ast.parse(source).body
+                 if isinstance(n, ast.ClassDef) and n.name == "DFlashQwen3DecoderLayer")
+    have = attribute_classes(layer)
+    assert have["self_attn"] == {"DFlashQwen3Attention"} and have["mlp"] == {"Qwen3MLP"}
+    assert "from .qwen2 import Qwen2MLP as Qwen3MLP" in source
+
+
+@pytest.mark.parametrize("version", GLM5NEXT_RELEASES)
+def test_change_applies_then_is_already_applied(tree_copy, version):
+    root = tree_copy(version)
+    result = run_layer(build(), root, import_check="off")
+    assert result.outcome == "applied", result.reason
+    assert sorted(result.files) == sorted([TARGET, HELPER])
+    source = (root / TARGET).read_text()
+    assert "@with_weight_groups\ndef process_weights_after_loading(" in source
+    assert (root / HELPER).read_text() == HELPER_SOURCE.read_text()
+    again = run_layer(build(), root, import_check="off")
+    assert again.outcome == "already-applied", again.reason
+
+
+DRIFTS = [
+    ("vllm/models/glm5next/nvidia/attention.py", "self.q_b_proj = ColumnParallelLinear(",
+     "self.q_b_proj = ReplicatedLinear(", "Glm5NextMLAAttention.q_b_proj is built from "
+                                          "ReplicatedLinear"),
+    ("vllm/models/glm5next/nvidia/kda.py", "self.in_proj_qkvbfg_a =", "self.in_proj_qkvbfga =",
+     "Glm5NextLinearAttention.in_proj_qkvbfg_a is built from nothing"),
+    ("vllm/model_executor/layers/quantization/compressed_tensors/schemes/"
+     "compressed_tensors_wNa16.py", "        layer_name: str | None = None,\n",
+     "        name: str | None = None,\n", "lacks layer_name"),
+    ("vllm/model_executor/layers/quantization/utils/quant_utils.py",
+     "def pack_quantized_values_into_int32(\n    w_q: torch.Tensor, wtype: ScalarType, "
+     "packed_dim: int = 0",
+     "def pack_quantized_values_into_int32(\n    w_q: torch.Tensor, wtype: ScalarType, "
+     "dim: int = 0",
+     "lacks packed_dim"),
+    (TARGET, "def process_weights_after_loading(\n    model: nn.Module, model_config: ModelConfig,"
+             " target_device: torch.device\n)",
+     "def process_weights_after_loading(\n    model: nn.Module, model_config: ModelConfig\n)",
+     "lacks target_device"),
+]
+
+
+@pytest.mark.parametrize("path, old, new, reason", DRIFTS, ids=[d[3][:30] for d in DRIFTS])
+def test_drift_is_refused_naming_the_file(tree_copy, path, old, new, reason):
+    root = tree_copy("0.30.0")
+    target = root / path
+    text = target.read_text()
+    assert text.count(old) == 1, f"{path}: the drift's anchor is not in 0.30.0"
+    target.unlink()  # a hard link into the cache: write a new file instead
+    target.write_text(text.replace(old, new))
+    result = run_layer(build(), root, check=True, import_check="off")
+    assert result.outcome == "refused"
+    assert path in result.reason and reason in result.reason, result.reason
+
+
+def test_bases_without_the_code_are_refused(release):
+    assert "no Glm5Next" in run_layer(build(), release("0.28.0"), check=True).reason
+
+
+torch = pytest.importorskip("torch", reason="the vllm tier needs CPU torch (scripts/test "
+                                            "installs it)")
+
+
+@pytest.fixture(scope="module")
+def roundtrip(release):
+    probe = REPO_ROOT / "tests/vllm/probes/weight_groups_roundtrip.py"
+    result = subprocess.run(
+        [sys.executable, str(probe), str(HELPER_SOURCE)], capture_output=True, text=True,
+        timeout=900, check=False, env={**os.environ, "PYTHONPATH": str(release("0.30.0")),
+                                       "PYTHONDONTWRITEBYTECODE": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    doc = json.loads(result.stdout.strip().splitlines()[-1])
+    for name in doc["int8"]:
+        i8, fp4 = doc["int8"][name], doc["nvfp4"][name]
+        print(f"round trip {name}: int8 g64 max/bound {i8['g64']['max_error_over_bound']:.3f} "
+              f"rms/weight {i8['g64']['rms_error_over_rms_weight']:.4f}, g128 "
+              f"{i8['g128']['max_error_over_bound']:.3f} "
+              f"{i8['g128']['rms_error_over_rms_weight']:.4f}; nvfp4 "
+              f"{fp4['max_error_over_bound']:.3f} {fp4['rms_error_over_rms_weight']:.4f}")
+    return doc
+
+
+def test_int8_round_trip_within_the_bound_at_both_group_sizes(roundtrip, release):
+    assert roundtrip["vllm_file"].startswith(str(release("0.30.0")))
+    for name, cases in roundtrip["int8"].items():
+        for group, case in cases.items():
+            assert case["max_error_over_bound"] <= 1.0, (name, group, case)
+            # uniform rounding error: 1/sqrt(12) = 0.289 of a step (plus the bf16 scale's share)
+            assert 0.25 < case["rms_error_over_rms_step"] < 0.30, (name, group, case)
+            size = int(group[1:])
+            n, k4 = case["packed_shape"]
+            assert case["scale_shape"] == [n, k4 * 4 // size]
+    g64 = [c["g64"]["rms_error_over_rms_weight"] for c in roundtrip["int8"].values()]
+    g128 = [c["g128"]["rms_error_over_rms_weight"] for c in roundtrip["int8"].values()]
+    assert all(a <= b for a, b in zip(g64, g128))  # smaller groups, finer scales
+
+
+def test_nvfp4_round_trip_within_the_bound(roundtrip):
+    for name, case in roundtrip["nvfp4"].items():
+        assert case["max_error_over_bound"] <= 1.0, (name, case)
+        # a block scale in FP8 E4M3 (3 mantissa bits) can clip its largest value by < 1/16
+        assert case["max_clip_over_block_amax"] < 1 / 16, (name, case)
+
+
+def test_swap_gives_the_layer_what_vllms_schemes_register(roundtrip):
+    int8, fp4 = roundtrip["swap"]["int8"], roundtrip["swap"]["nvfp4"]
+    assert int8["params"] == {"weight_packed": [[512, 256], "torch.int32"],
+                              "weight_scale": [[512, 8], "torch.bfloat16"],
+                              "weight_shape": [[2], "torch.int64"]}
+    assert set(fp4["params"]) == {"weight", "weight_scale", "weight_global_scale"}
+    assert fp4["params"]["weight"] == [[512, 512], "torch.uint8"]
+    assert fp4["params"]["weight_scale"] == [[512, 64], "torch.float8_e4m3fn"]
+    for case in (int8, fp4):
+        assert case["freed_bytes"] == 512 * 1024 * 2 and not case["has_bf16_weight"]
+        assert case["method"] == "CompressedTensorsLinearMethod" and case["kernel_processed"]
+    assert int8["scheme"] == "CompressedTensorsWNA16"
+    assert fp4["scheme"] == "CompressedTensorsW4A4Fp4"
