@@ -18,6 +18,7 @@ from recipekit.imagebuild.inputs import BUILD_DIR, BuildError, Context, relative
 from recipekit.layers import LAYERS
 
 OK = ("applied", "already-applied", "provided-by-base")
+RECORD_FIELDS = ("layer", "outcome", "files", "reason", "vllm_root", "python", "packages")  # the labelled ones
 
 
 class Refused(BuildError):  # a layer refused (its reason is in the log): exit 3
@@ -143,7 +144,7 @@ class Chain:
         try:
             record = self.engine.record(built, layer)
             field = {key: ",".join(value) if isinstance(value, list) else str(value).split("\n")[0]
-                     for key, value in record.items()}
+                     for key, value in ((name, record.get(name, "")) for name in RECORD_FIELDS)}
             if field.get("layer") != layer or field.get("outcome") not in OK:
                 raise BuildError(f"the built image records layer '{field.get('layer')}' outcome "
                                  f"'{field.get('outcome')}'; not tagged")

@@ -35,10 +35,8 @@ class Engine:
     def inspect(self, ref: str) -> dict | None:
         try:
             return self.api.inspect_image(ref)
-        except ImageNotFound:
-            return None
-        except APIError as error:  # an invalid reference names no image either
-            if error.status_code == 400:
+        except APIError as error:  # not found, or an invalid reference: no image either
+            if isinstance(error, ImageNotFound) or error.status_code == 400:
                 return None
             raise
 
@@ -65,15 +63,13 @@ class Engine:
 
     def build(self, dockerfile: Path, context: Path, base_id: str, log: Path, verbose: bool) -> str:
         """DOCKERFILE built on BASE_ID from CONTEXT, its progress in LOG: the image ID."""
-        # The SDK sends DOCKERFILE as .dockerfile.<random> beside the context, which the
-        # context's .dockerignore keeps out of COPY . (as the docker CLI does for -f).
+        # The SDK adds DOCKERFILE as .dockerfile.<random>; the context's .dockerignore keeps it out of COPY.
         with log.open("w") as sink:
             return _follow(self.api.build(path=str(context), dockerfile=str(dockerfile), buildargs={"BASE_IMAGE": base_id},
                                           network_mode="none", rm=True, forcerm=True, decode=True), sink, verbose)
 
     def label(self, image: str, labels: dict[str, str], tag: str, log: Path) -> None:
-        """Tag IMAGE plus one LABEL instruction (the classic builder makes a step of each
-        --label, a full image copy on vfs) as TAG."""
+        """IMAGE plus one LABEL step (each --label would be a step: an image copy on vfs), as TAG."""
         pairs = "".join(f' \\\n  {json.dumps(key)}={_quoted(value)}' for key, value in labels.items())
         dockerfile = f"FROM {image}\nLABEL{pairs}\n".encode()
         with log.open("a") as sink:
