@@ -1,11 +1,11 @@
-"""How late this process wakes while a timed run goes on, and the bound a timing check
-derives from it.
+"""How late this process wakes while a timed run goes on, and the allowance a timing
+check derives from it.
 
 A client stamps a chunk when its event loop gets to it, so its read delays are its process's
 wake-up delays: well under a millisecond on an idle machine, tens of ms beside a CPU hog
 (measured: up to 40 ms at nice 10 beside two busy loops on 2 cores). A figure timed between
 two stamps is then off by up to two such delays, and a check that allows a fixed 1% holds
-only on an idle machine. Checks allow 1% plus what was measured during the very run.
+only on an idle machine. Checks allow 1% of a span plus what was measured during the very run.
 """
 
 from __future__ import annotations
@@ -44,7 +44,14 @@ class Jitter:
         return max(self.late_s, default=0.0)
 
 
-def timing_bound(span_s: float, jitter: Jitter, tolerance: float) -> float:
-    """The relative error a figure timed over `span_s` may have: `tolerance`, plus its two
-    end stamps each read late by as much as the process was measured to wake late."""
-    return tolerance + 2 * jitter.worst_s / span_s
+def span_allowance_s(true_span_s: float, jitter: Jitter, tolerance: float) -> float:
+    """How far a span measured between two stamps may lie from the true span: `tolerance`
+    of it, plus twice the worst wake-up delay measured (each end stamp read late by up to
+    that). Judged on spans, not rates: a first chunk read late and a last one on time
+    shorten a span, and the rate's error then grows without bound as the span shrinks."""
+    return tolerance * true_span_s + 2 * jitter.worst_s
+
+
+def span_agrees(measured_span_s: float, true_span_s: float, jitter: Jitter,
+                tolerance: float) -> bool:
+    return abs(measured_span_s - true_span_s) <= span_allowance_s(true_span_s, jitter, tolerance)

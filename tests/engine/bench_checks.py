@@ -4,11 +4,15 @@ claim passes and that a planted fault is caught."""
 
 from __future__ import annotations
 
+import sys
+
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.prompts import phase_messages
 from bench.stream_client import METHOD_CONTINUOUS_USAGE
+from tests.engine.engine_client import greedy_path, near_ties
 from tests.engine.relay import RelayedStream
-from tests.timing import Jitter, timing_bound
+from tests.timing import Jitter, span_agrees
 
 # docs/bench.md: per-stream tok/s within 1% of what the server really sent
 TOK_S_TOLERANCE = 0.01
@@ -57,6 +61,35 @@ def check_oracle(doc: dict, k: int) -> list[str]:
     return problems
 
 
+def check_oracle_beyond_near_ties(doc: dict, k: int, undrafted) -> list[str]:
+    """check_oracle, where a cell that falls short is excused only if one of its streams'
+    paths holds a near-tie: a token the undrafted server chose by less than
+    MARGIN_FLOOR_NATS within the positions drafted (max_tokens + k), where the drafter and
+    the verifier, rounding differently, may choose apart. An excused cell is reported
+    (stderr) with its near-ties; on a path without one, every draft must be accepted."""
+    problems = []
+    max_tokens = doc["settings"]["max_tokens"]
+    for cell in doc["cells"]:
+        found = check_oracle({"cells": [cell]}, k)
+        if not found:
+            continue
+        ties = {}
+        for wave in doc["waves"]:
+            if (wave["phase"], wave["concurrency"]) != (cell["phase"], cell["concurrency"]):
+                continue
+            for stream in wave["streams"]:
+                prompt = phase_messages(cell["phase"], stream["prefix"])[0]["content"]
+                _, margins = greedy_path(undrafted, prompt, max_tokens + k)
+                if near_ties(margins):
+                    ties[stream["prefix"]] = near_ties(margins)
+        if ties:
+            print(f"oracle check: {cell['phase']} c={cell['concurrency']} excused, near-ties "
+                  f"(position, nats) on its paths: {ties}; it found {found}", file=sys.stderr)
+        else:
+            problems += found
+    return problems
+
+
 def check_undrafted(doc: dict) -> list[str]:
     problems = []
     for cell in doc["cells"]:
@@ -95,9 +128,9 @@ def check_against_relay(doc: dict, relayed: list[RelayedStream], jitter: Jitter,
                         tolerance: float = TOK_S_TOLERANCE) -> list[str]:
     """Per stream: the same decode tokens and token-bearing chunks as the second client
     counted, tok/s exactly the bench's decode tokens over its own first-to-last chunk span,
-    and within the tolerance of the rate from the second client's own stamps, plus the read
-    delays measured while the run went on (tests/timing.py): the bench reads each chunk
-    after the relay did, late by as much as its process wakes late, which load decides."""
+    and that span within the tolerance of the second client's, plus the read delays
+    measured while the run went on (tests/timing.py): the bench reads each chunk after the
+    relay did, late by as much as its process wakes late, which load decides."""
     problems = []
     seen = {s.prefix.split("]")[0] + "]": s.figures() for s in relayed}
     for stream in streams(doc):
@@ -117,10 +150,10 @@ def check_against_relay(doc: dict, relayed: list[RelayedStream], jitter: Jitter,
         if abs(stream["tok_s"] / own - 1) > 1e-5:
             problems.append(f"{stream['prefix']}: bench {stream['tok_s']:.4f} tok/s, its own "
                             f"tokens over its own span {own:.4f}")
-        error = abs(stream["tok_s"] - relay["tok_s"]) / relay["tok_s"]
-        bound = timing_bound(relay["span_s"], jitter, tolerance)
-        if error > bound:
-            problems.append(f"{stream['prefix']}: bench {stream['tok_s']:.2f} tok/s, second "
-                            f"client {relay['tok_s']:.2f} ({error:.2%} > {bound:.2%}: 1% and "
-                            f"2 x {jitter.worst_s * 1000:.1f} ms of measured wake-up delay)")
+        span = stream["decode_tokens"] / stream["tok_s"]
+        if not span_agrees(span, relay["span_s"], jitter, tolerance):
+            problems.append(f"{stream['prefix']}: bench {stream['tok_s']:.2f} tok/s over "
+                            f"{span:.4f} s, second client {relay['tok_s']:.2f} over "
+                            f"{relay['span_s']:.4f} s (more apart than {tolerance:.0%} and 2 x "
+                            f"{jitter.worst_s * 1000:.1f} ms of measured wake-up delay)")
     return problems

@@ -31,6 +31,33 @@ def greedy_ids(server, prompt: str, max_tokens: int, ignore_eos: bool = True) ->
     return [int(e["token"].removeprefix("token_id:")) for e in entries]
 
 
+# a greedy token compared between two computations that round differently must win by this
+# much: about 60 times the float32 rounding of a logit measured on the bigram target
+# (1.6e-5 nats, dflash2_models.next_token_table)
+MARGIN_FLOOR_NATS = 1e-3
+
+
+def greedy_path(server, prompt: str, max_tokens: int) -> tuple[list[int], list[float]]:
+    """Greedy token ids of a one-message chat (fresh cache salt) and, at each position, the
+    top-1 minus top-2 logprob: the margin by which the token won."""
+    answer = post_json(server.url + "/v1/chat/completions", {
+        "model": server.model_id, "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens, "temperature": 0.0, "logprobs": True, "top_logprobs": 2,
+        "return_tokens_as_token_ids": True, "ignore_eos": True,
+        "cache_salt": secrets.token_hex(8)})
+    entries = answer["choices"][0]["logprobs"]["content"]
+    margins = []
+    for entry in entries:
+        ranked = sorted((t["logprob"] for t in entry["top_logprobs"]), reverse=True)
+        margins.append(ranked[0] - ranked[1])
+    return [int(e["token"].removeprefix("token_id:")) for e in entries], margins
+
+
+def near_ties(margins: list[float]) -> list[tuple[int, float]]:
+    """(position, margin) wherever a token won by less than MARGIN_FLOOR_NATS."""
+    return [(i, m) for i, m in enumerate(margins) if m < MARGIN_FLOOR_NATS]
+
+
 def spec_counters(server) -> dict:
     """{"drafts", "draft_tokens", "accepted_tokens", "per_position": {p: n}} summed over
     label sets; all zero (or empty) where the server does not draft."""

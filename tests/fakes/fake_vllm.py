@@ -1146,12 +1146,6 @@ def deliveries(request_log: str | os.PathLike) -> dict[str, Delivery]:
             for e in entries if "delivered" in e}
 
 
-def delivered_aggregate_tok_s(sent: list[Delivery]) -> float:
-    """All decode tokens of a wave over the span from its first chunk to its last, as sent."""
-    return sum(d.decode_tokens for d in sent) / (
-        max(d.chunk_monotonic[-1] for d in sent) - min(d.chunk_monotonic[0] for d in sent))
-
-
 class RunningFake:
     """A fake server process started by spawn(); use as a context manager."""
 
