@@ -173,34 +173,39 @@ check_host() {
     || die "${PYTHON} is not Python >= 3.10 (make-backport and pip run on the host); set PYTHON"
 }
 
-# The v9 diffs (one per base shape; the layer's probe picks one in the image), generated from
+# The v9 diffs (DFlash2 per base shape, the draft-noise salt per salt shape; the layer's probe
+# picks them in the image), generated from
 # the pinned vLLM releases and checked against the manifest's pins.
 prepare_backport() {
   next_step
   local manifest="${REPO_ROOT}/patches/v9/manifest.json" pins out shape pin
   pins="$("${PYTHON}" -c 'import json, sys
-for shape, pin in sorted(json.load(open(sys.argv[1]))["diff_sha256"].items()):
-    print(shape, pin)' "${manifest}")" || die "${manifest}: no diff_sha256; see scripts/make-backport"
+manifest = json.load(open(sys.argv[1]))
+for shape, pin in sorted(manifest["diff_sha256"].items()):
+    print(f"dflash2-{shape}", pin)
+for shape, pin in sorted(manifest["draft_noise_salt"]["diff_sha256"].items()):
+    print(f"draft-noise-salt-{shape}", pin)' "${manifest}")" \
+    || die "${manifest}: no diff_sha256; see scripts/make-backport"
   backport_sha="$(sha256sum <<<"${pins}" | cut -d' ' -f1)"
   out="${BUILD_DIR}/backport/${backport_sha:0:16}"
   local cached=1
   while read -r shape pin; do
-    [[ -f "${out}/dflash2-${shape}.diff" && "$(sha256_of "${out}/dflash2-${shape}.diff")" == "${pin}" ]] \
+    [[ -f "${out}/${shape}.diff" && "$(sha256_of "${out}/${shape}.diff")" == "${pin}" ]] \
       || cached=""
   done <<<"${pins}"
   if [[ -n "${cached}" ]]; then
-    progress "backport: ${out#"${REPO_ROOT}"/} (cached, $(wc -l <<<"${pins}") base shapes)"
+    progress "backport: ${out#"${REPO_ROOT}"/} (cached, $(wc -l <<<"${pins}") diffs)"
   else
     rm -rf "${out}.tmp"
     "${PYTHON}" "${REPO_ROOT}/scripts/make-backport" --out-dir "${out}.tmp" >&2 \
       || die "scripts/make-backport failed (output above); nothing was built"
     while read -r shape pin; do
-      [[ "$(sha256_of "${out}.tmp/dflash2-${shape}.diff")" == "${pin}" ]] \
-        || die "${out}.tmp/dflash2-${shape}.diff: sha256 differs from ${manifest}'s pin; nothing was built"
+      [[ "$(sha256_of "${out}.tmp/${shape}.diff")" == "${pin}" ]] \
+        || die "${out}.tmp/${shape}.diff: sha256 differs from ${manifest}'s pin; nothing was built"
     done <<<"${pins}"
     rm -rf "${out}"
     mv "${out}.tmp" "${out}"
-    progress "backport: ${out#"${REPO_ROOT}"/} (generated, $(wc -l <<<"${pins}") base shapes)"
+    progress "backport: ${out#"${REPO_ROOT}"/} (generated, $(wc -l <<<"${pins}") diffs)"
   fi
   backport_dir="${out}"
 }
