@@ -114,7 +114,18 @@ async def _get_json(session: aiohttp.ClientSession, url: str):
 async def server_identity(session: aiohttp.ClientSession, url: str, model: str | None,
                           url_flag: str = "--url"):
     """(model id, the /v1/models answer, vLLM version or None); BenchError when the server
-    cannot be reached, is not OpenAI-compatible, or serves several models and none was given."""
+    cannot be reached, its engine is not healthy (/health: vLLM's /v1/models answers for
+    seconds after the engine died), is not OpenAI-compatible, or serves several models and
+    none was given."""
+    try:
+        async with session.get(url + "/health") as reply:
+            health = reply.status
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        raise BenchError(f"cannot reach {url}/health ({exc!r}): is the server up? "
+                         f"pass {url_flag}") from exc
+    if health >= 500:  # a server without /health (404) is judged by /v1/models below
+        raise BenchError(f"{url}/health answered HTTP {health}: the engine is not healthy; "
+                         "scripts/doctor says more")
     try:
         status, models = await _get_json(session, url + "/v1/models")
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:

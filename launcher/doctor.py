@@ -1,9 +1,12 @@
 """scripts/doctor: the state of a cluster run.sh started, reading only.
 
 Per node the rank container and its image ID against the head's, the speculative method
-and k in each rank's argv, and on the head whether the API answers with the served model
-and max_model_len the settings say. Safe while serving (docker inspect and one GET
-/v1/models). One line per finding, then the state; the exit code is the state.
+and k in each rank's argv, the node's unified-memory facts (vm.swappiness, MemAvailable,
+other GPU containers; with MEM_PREFLIGHT=1), and on the head whether vLLM's /health says
+the engine is up (a 503 there is a dead engine, which /v1/models hides for seconds) and
+/v1/models names the served model and max_model_len the settings say. Safe while serving
+(docker inspect, GET /health and GET /v1/models). One line per finding, then the state;
+the exit code is the state.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import json
 import shutil
 
-from launcher import plan
+from launcher import plan, preflight
 from launcher.checks import Checked
 from launcher.serve import nodes_of
 from launcher.settings import Failed
@@ -97,6 +100,28 @@ class Doctor:
                     "./stop.sh and ./run.sh to serve it")
             self.mismatches += 1
 
+    def report_memory(self) -> None:
+        if self.checked["MEM_PREFLIGHT"] != "1":
+            return
+        for index in range(len(self.nodes.addresses)):
+            facts = preflight.read(self.nodes, index)
+            where = self.nodes.label(index)
+            finding(f"{where}: memory: " + (preflight.describe(facts) if facts else "cannot be read"))
+
+    def check_health(self) -> str:
+        """"up", "loading" (no answer) or "down" (answers, but not 200), from GET /health."""
+        port = self.checked["PORT"]
+        url = f"http://127.0.0.1:{port}/health"
+        status = self.nodes.output(0, plan.api_health_argv(port))
+        if status is None or status in ("", "000"):
+            return "loading"
+        if status != "200":
+            finding(f"API {url} answers {status}: the engine is down (vLLM's API outlives its "
+                    "engine for seconds); ./stop.sh, then ./run.sh")
+            return "down"
+        finding(f"API {url} answers 200")
+        return "up"
+
     def check_api(self) -> bool:
         """Whether the API answers; a model id or length other than the settings' is counted."""
         port = self.checked["PORT"]
@@ -129,9 +154,17 @@ class Doctor:
             return "missing", EXIT_MISSING
         if self.down:
             return "down", EXIT_DOWN
+        self.report_memory()
         self.check_images()
         if self.mismatches:
             return "mismatch", EXIT_MISMATCH
+        health = self.check_health()
+        if health == "down":
+            return "down", EXIT_DOWN
+        if health == "loading":
+            finding(f"API http://127.0.0.1:{self.checked['PORT']}/health does not answer (yet: a "
+                    "GB10 boot takes 15-21 minutes)")
+            return "loading", EXIT_LOADING
         if not self.check_api():
             return "loading", EXIT_LOADING
         if self.mismatches:

@@ -9,7 +9,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launcher import memguard, plan
+from launcher import memguard, plan, preflight
 from launcher.plan import UNPINNED, Launch
 from launcher.remote import Nodes
 from launcher.words import quote
@@ -67,6 +67,18 @@ def prepare_nodes(launch: Launch) -> Step:
         if token:
             step.on(index, ["test", "-r", token])
     return step
+
+
+def boot_memory(launch: Launch) -> list[Step]:
+    if launch["MEM_PREFLIGHT"] != "1":
+        return []
+    force = (" (FORCE_UNSAFE_BOOT_MEMORY=1: boot anyway)" if launch["FORCE_UNSAFE_BOOT_MEMORY"] == "1"
+             else "")
+    step = Step("every node: report vm.swappiness, MemAvailable and other GPU containers; "
+                f"refuse the boot under MEM_BOOT_FLOOR_GIB={launch['MEM_BOOT_FLOOR_GIB']} GiB{force}")
+    for index in _each_node(launch):
+        step.on(index, preflight.argv())
+    return [step]
 
 
 def images(launch: Launch, root: Path, pv: bool) -> list[Step]:
@@ -137,9 +149,14 @@ def ranks(launch: Launch) -> list[Step]:
     start = Step("start one rank per node, head first")
     for rank in plan.rank_plans(launch):
         start.on(rank.rank, rank.docker_argv())
-    wait = Step(f"wait: poll the API every {launch['POLL_SECONDS']} s (up to "
-                f"{launch['READY_TIMEOUT']} s) while every rank is running; a dead rank stops all")
-    wait.on(0, plan.api_probe_argv(launch["PORT"]))
+    if launch["READY_CHECK"] == "health":
+        wait = Step(f"wait: poll /health every {launch['POLL_SECONDS']} s (up to "
+                    f"{launch['READY_TIMEOUT']} s) until it answers 200 twice in a row, while "
+                    "every rank is running; a dead rank stops all")
+    else:
+        wait = Step(f"wait: poll the API every {launch['POLL_SECONDS']} s (up to "
+                    f"{launch['READY_TIMEOUT']} s) while every rank is running; a dead rank stops all")
+    wait.on(0, plan.api_probe_argv(launch["PORT"], launch["READY_CHECK"]))
     for index in _each_node(launch):
         wait.on(index, plan.container_status_argv(index))
     return [start, *memory_guard(launch), wait]
@@ -149,7 +166,7 @@ def run_steps(launch: Launch, root: Path, drafter_phrase: str) -> list[Step]:
     """Every step of a run, in order; the first is the start-up line."""
     pv = shutil.which("pv") is not None
     return [Step("glm53: " + plan.startup_line(launch, drafter_phrase)), *running_check(launch),
-            prepare_nodes(launch), *images(launch, root, pv), *jit_cache(launch),
+            prepare_nodes(launch), *boot_memory(launch), *images(launch, root, pv), *jit_cache(launch),
             *pins_and_drafter(launch), *ranks(launch)]
 
 

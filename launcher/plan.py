@@ -369,9 +369,20 @@ def serve_containers_argv() -> list[str]:
     return ["docker", "ps", "--all", "--quiet", "--filter", f"label={SERVE_LABEL}"]
 
 
-def api_probe_argv(port: str) -> list[str]:
+# What READY_CHECK polls: vLLM's /health turns 503 as soon as the engine dies, while
+# /v1/models (the PR-era wait) goes on answering 200 for seconds.
+READY_PATHS = {"health": "/health", "models": "/v1/models"}
+
+
+def api_probe_argv(port: str, check: str = "models") -> list[str]:
     return ["curl", "--silent", "--fail", "--output", "/dev/null", "--max-time", "5",
-            f"http://127.0.0.1:{port}/v1/models"]
+            f"http://127.0.0.1:{port}{READY_PATHS[check]}"]
+
+
+def api_health_argv(port: str) -> list[str]:
+    """GET /health printing only the HTTP status (000: no answer); what the doctor reads."""
+    return ["curl", "--silent", "--output", "/dev/null", "--write-out", "%{http_code}",
+            "--max-time", "5", f"http://127.0.0.1:{port}/health"]
 
 
 def api_models_argv(port: str) -> list[str]:

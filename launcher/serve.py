@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from launcher import dry_run, memguard, pins, plan
+from launcher import dry_run, memguard, pins, plan, preflight
 from launcher.checks import Checked
 from launcher.remote import Nodes
 from launcher.settings import Failed, refusal
@@ -101,6 +101,7 @@ class Serving:
                 raise Failed(f"{tool} is not installed on the head{why}")
         self.check_no_running_ranks()
         self.prepare_nodes()
+        self.check_boot_memory()
         self.ensure_images()
         self.prepare_jit_cache()
         image_id = self.launch.image_id
@@ -145,6 +146,31 @@ class Serving:
             if token and not self.readable(index, token):
                 raise refusal("HF_TOKEN_FILE", token, f"not a readable file on {node}; accepted: "
                               "the token file at this path on every node, or empty")
+
+    def check_boot_memory(self) -> None:
+        """Every node's unified-memory facts reported; a node under the floor refuses the boot."""
+        if self["MEM_PREFLIGHT"] != "1":
+            return
+        floor = int(self["MEM_BOOT_FLOOR_GIB"])
+        for index in range(len(self.nodes.addresses)):
+            facts = preflight.read(self.nodes, index)
+            where = self.nodes.label(index)
+            if facts is None or facts.available_gib is None:
+                raise Failed(f"cannot read MemAvailable on {where} (MEM_PREFLIGHT=1); set "
+                             "MEM_PREFLIGHT=0 to boot without the memory preflight")
+            say(f"memory on {where}: {preflight.describe(facts)}")
+            if facts.available_gib >= floor:
+                continue
+            if self["FORCE_UNSAFE_BOOT_MEMORY"] == "1":
+                warn(f"{where} has {facts.available_gib:.1f} GiB available, under "
+                     f"MEM_BOOT_FLOOR_GIB={floor}; booting anyway (FORCE_UNSAFE_BOOT_MEMORY=1)")
+                continue
+            busy = preflight.others(facts)
+            hint = f"stop {', '.join(busy)} or other memory users" if busy else "free memory"
+            raise refusal("MEM_BOOT_FLOOR_GIB", str(floor),
+                          f"{where} has only {facts.available_gib:.1f} GiB available before boot; "
+                          f"{hint}, or set FORCE_UNSAFE_BOOT_MEMORY=1 (risk: the host swaps or "
+                          "wedges while the weights load)")
 
     def readable(self, index: int, path: str) -> bool:
         """`test -r PATH` on node INDEX (on the head, where `test` is a shell builtin, here)."""
@@ -347,14 +373,18 @@ class Serving:
     def wait_until_ready(self) -> None:
         """Polls the API while every rank's container is watched; a dead rank stops all."""
         start, last_report = time.monotonic(), -PROGRESS_EVERY_SECONDS
-        port, count = self["PORT"], len(self.nodes.addresses)
+        port, count, check = self["PORT"], len(self.nodes.addresses), self["READY_CHECK"]
+        # /health must answer twice in a row: an engine dying as the API comes up answers once.
+        needed, healthy = (2 if check == "health" else 1), 0
         while True:
             self.pause(0)
             for index in range(count):
                 status = self.rank_status(index)
                 if status != "running":
                     self.report_dead_rank(index, status)
-            if subprocess.run(plan.api_probe_argv(port), check=False).returncode == 0:
+            answered = subprocess.run(plan.api_probe_argv(port, check), check=False).returncode == 0
+            healthy = healthy + 1 if answered else 0
+            if healthy >= needed:
                 self.ready = True
                 say(f"ready: http://{self.nodes.addresses[0]}:{port}/v1 after "
                     f"{int(time.monotonic() - start)} s; ./stop.sh stops every rank")
@@ -364,10 +394,13 @@ class Serving:
                 self.stop_memory_guard()
                 stop_all_ranks(self.nodes)
                 self.ranks_started = False
+                if check == "health":
+                    raise Failed(f"/health did not answer 200 twice in a row within READY_TIMEOUT="
+                                 f"{self['READY_TIMEOUT']} s; every rank was stopped")
                 raise Failed(f"the API did not answer within READY_TIMEOUT={self['READY_TIMEOUT']} "
                              "s; every rank was stopped")
             if elapsed - last_report >= PROGRESS_EVERY_SECONDS:
-                say(f"waiting for http://127.0.0.1:{port}/v1/models: {elapsed} s, all {count} "
+                say(f"waiting for http://127.0.0.1:{port}{plan.READY_PATHS[check]}: {elapsed} s, all {count} "
                     "ranks running")
                 last_report = elapsed
             self.pause(int(self["POLL_SECONDS"]))

@@ -32,6 +32,8 @@ MANIFEST = REPO_ROOT / "patches" / "v9" / "manifest.json"
 LOGITS_CACHE = "logits-cache"
 NO_LOGITS_CACHE = "no-logits-cache"
 SHAPES = (NO_LOGITS_CACHE, LOGITS_CACHE)
+SALT_RELEASE = "release"  # salt shape: a base that ships DFlash2 without PR #54282
+DRAFT_NOISE_SALT = "_DRAFT_NOISE_SALT"
 GUMBEL = "vllm/v1/worker/gpu/sample/gumbel.py"
 
 
@@ -104,19 +106,19 @@ def _for_shape(entries: list[dict], shape: str) -> list[dict]:
 def _select(path: str, groups: list[ChangeGroup], selectors: list[dict]) -> list[ChangeGroup]:
     chosen: list[ChangeGroup] = []
     for selector in selectors:
-        needle = selector["contains"]
+        needle, expected = selector["contains"], selector.get("count", 1)
         hits = [group for group in groups if needle in group.text]
-        if len(hits) != 1:
+        if len(hits) != expected:
             raise BackportError(
                 f"{path}: selector {needle!r} matches {len(hits)} change groups, "
-                f"expected exactly 1; update patches/v9/manifest.json"
+                f"expected exactly {expected}; update patches/v9/manifest.json"
             )
-        group = hits[0]
-        if group in chosen:
-            raise BackportError(f"{path}: selector {needle!r} picks a group already selected")
-        if "take_added" in selector:
-            group = _take_added(path, group, selector)
-        chosen.append(group)
+        for group in hits:
+            if group in chosen:
+                raise BackportError(f"{path}: selector {needle!r} picks a group already selected")
+            if "take_added" in selector:
+                group = _take_added(path, group, selector)
+            chosen.append(group)
     return sorted(chosen, key=lambda group: group.old_start)
 
 
@@ -199,11 +201,11 @@ def _base_overrides(old_tree: Path, new_tree: Path, shape: str) -> dict[str, lis
     return {name.removeprefix("vllm/"): text.splitlines(keepends=True) for name, text in files.items()}
 
 
-def generate(old_tree: Path, new_tree: Path, manifest: dict, shape: str = NO_LOGITS_CACHE) -> str:
-    """The backport diff text for ``manifest`` and base ``shape`` between the two release trees."""
+def _dflash2_files(old_tree: Path, new_tree: Path, manifest: dict, shape: str) -> dict[str, tuple]:
+    """Per file of the DFlash2 diff: (its lines before, its lines after, is it new)."""
     if shape not in SHAPES:
         raise BackportError(f"unknown base shape {shape!r}; shapes: {', '.join(SHAPES)}")
-    parts: list[str] = []
+    files: dict[str, tuple] = {}
     sections = [manifest["shared_files"], manifest.get("companion_files", {})]
     selections: dict[str, list[dict]] = {}
     for section in sections:
@@ -220,15 +222,73 @@ def generate(old_tree: Path, new_tree: Path, manifest: dict, shape: str = NO_LOG
         if relative in manifest["new_files"]:
             if (old_tree / "vllm" / relative).exists():
                 raise BackportError(f"vllm {manifest['base']} already has vllm/{relative}")
-            parts.append(_file_diff(relative, None, _read_lines(new_tree, relative, manifest["source"])))
+            files[relative] = (None, _read_lines(new_tree, relative, manifest["source"]), True)
             continue
         old = overrides.get(relative) or _read_lines(old_tree, relative, manifest["base"])
         new = _read_lines(new_tree, relative, manifest["source"])
         chosen = _select(relative, change_groups(old, new), selections[relative])
-        patched = _insert(relative, _apply_groups(old, chosen), insertions.get(relative, []))
-        if patched != old:
+        files[relative] = (old, _insert(relative, _apply_groups(old, chosen), insertions.get(relative, [])), False)
+    return files
+
+
+def _render(files: dict[str, tuple]) -> str:
+    parts = []
+    for relative, (old, patched, is_new) in sorted(files.items()):
+        if is_new:
+            parts.append(_file_diff(relative, None, patched))
+        elif patched != old:
             parts.append(_file_diff(relative, old, patched))
     return "".join(parts)
+
+
+def generate(old_tree: Path, new_tree: Path, manifest: dict, shape: str = NO_LOGITS_CACHE) -> str:
+    """The backport diff text for ``manifest`` and base ``shape`` between the two release trees."""
+    return _render(_dflash2_files(old_tree, new_tree, manifest, shape))
+
+
+def salt_shapes(manifest: dict) -> tuple[str, ...]:
+    return tuple(manifest["draft_noise_salt"]["shapes"])
+
+
+def salt_pinned_sha256(manifest: dict, shape: str) -> str | None:
+    return manifest["draft_noise_salt"].get("diff_sha256", {}).get(shape)
+
+
+def salt_diff_file_name(shape: str) -> str:
+    return f"draft-noise-salt-{shape}.diff"
+
+
+def salt_base_lines(trees: dict[str, Path], manifest: dict, shape: str, relative: str) -> list[str]:
+    """A salted file's lines once DFlash2 is in, on salt shape ``shape``."""
+    if shape == SALT_RELEASE:
+        return _read_lines(trees[manifest["source"]], relative, manifest["source"])
+    dflash2 = _dflash2_files(trees[manifest["base"]], trees[manifest["source"]], manifest, LOGITS_CACHE)
+    if relative in dflash2:
+        return dflash2[relative][1]
+    return _read_lines(trees[manifest["base"]], relative, manifest["base"])
+
+
+def generate_salt(trees: dict[str, Path], manifest: dict, shape: str) -> str:
+    """The draft-noise-salt diff (PR #54282) for salt shape ``shape``.
+
+    ``trees`` maps the manifest's base, source and the salt's source release to their
+    trees. The diff's "before" is the tree once DFlash2 is in: 0.28.0 as released
+    (shape ``release``) or the fork shape with the logits-cache DFlash2 diff applied.
+    """
+    salt = manifest["draft_noise_salt"]
+    if shape not in salt["shapes"]:
+        raise BackportError(f"unknown salt shape {shape!r}; shapes: {', '.join(salt['shapes'])}")
+    files: dict[str, tuple] = {}
+    insertions = {r: _for_shape(e, shape) for r, e in salt.get("recipe_insertions", {}).items()}
+    for relative in sorted(set(salt["shared_files"]) | set(insertions)):
+        old = salt_base_lines(trees, manifest, shape, relative)
+        selectors = _for_shape(salt["shared_files"].get(relative, []), shape)
+        chosen = []
+        if selectors:
+            new = _read_lines(trees[salt["source"]], relative, salt["source"])
+            chosen = _select(relative, change_groups(old, new), selectors)
+        files[relative] = (old, _insert(relative, _apply_groups(old, chosen), insertions.get(relative, [])), False)
+    return _render(files)
 
 
 def sha256_text(text: str) -> str:

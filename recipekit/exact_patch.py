@@ -19,6 +19,8 @@ from pathlib import Path
 from unidiff import PatchSet
 from unidiff.errors import UnidiffParseError
 
+from recipekit.tree import TreeView
+
 _REGULAR_MODES = {None, "100644", "100755"}
 
 
@@ -176,7 +178,7 @@ def _plan_file(root: Path, patched_file, reverse: bool) -> FileEdit:
     creates = patched_file.is_removed_file if reverse else patched_file.is_added_file
     deletes = patched_file.is_added_file if reverse else patched_file.is_removed_file
     path = source if patched_file.is_removed_file else target
-    current = _read(root / path)
+    current = root.read_text(path) if isinstance(root, TreeView) else _read(root / path)
     if creates:
         if current is not None:
             raise PatchRefused(f"{path}: the diff creates this file but it already exists")
@@ -203,8 +205,11 @@ def parse(diff_text: str) -> PatchSet:
     return patch
 
 
-def plan(root: Path, diff_text: str) -> PatchPlan:
-    """Decide, without writing, whether the diff applies, is applied, or is refused."""
+def plan(root: Path | TreeView, diff_text: str) -> PatchPlan:
+    """Decide, without writing, whether the diff applies, is applied, or is refused.
+
+    ``root`` may be a TreeView: the diff is then planned on the files as it shows them.
+    """
     patch = parse(diff_text)
     try:
         return PatchPlan("apply", [_plan_file(root, f, reverse=False) for f in patch])

@@ -68,22 +68,26 @@ class BaseFacts:
 
 
 def prepare_backport(python: str) -> tuple[Path, str, str]:
-    """The v9 diffs (one per base shape), generated from the pinned vLLM releases once and
-    checked against patches/v9/manifest.json: (directory, the pins' sha256, what happened)."""
+    """The v9 diffs (DFlash2 per base shape, the draft-noise salt per salt shape; the layer's
+    probe picks them in the image), generated from the pinned vLLM releases once and checked
+    against patches/v9/manifest.json: (directory, the pins' sha256, what happened)."""
     manifest = REPO_ROOT / "patches" / "v9" / "manifest.json"
     try:
-        pins = json.loads(manifest.read_text())["diff_sha256"]
+        recorded = json.loads(manifest.read_text())
+        pins = {f"dflash2-{shape}": pin for shape, pin in recorded["diff_sha256"].items()}
+        pins |= {f"draft-noise-salt-{shape}": pin
+                 for shape, pin in recorded["draft_noise_salt"]["diff_sha256"].items()}
     except (OSError, ValueError, KeyError):
         raise BuildError(f"{relative(manifest)}: no diff_sha256; see scripts/make-backport") from None
     sha = hashlib.sha256("".join(f"{shape} {pin}\n" for shape, pin in sorted(pins.items())).encode()).hexdigest()
     out = BUILD_DIR / "backport" / sha[:16]
 
     def matches(directory: Path) -> bool:
-        diffs = {shape: directory / f"dflash2-{shape}.diff" for shape in pins}
-        return all(diff.is_file() and sha256_file(diff) == pins[shape] for shape, diff in diffs.items())
+        diffs = {name: directory / f"{name}.diff" for name in pins}
+        return all(diff.is_file() and sha256_file(diff) == pins[name] for name, diff in diffs.items())
 
     if matches(out):
-        return out, sha, f"cached, {len(pins)} base shapes"
+        return out, sha, f"cached, {len(pins)} diffs"
     staging = out.with_name(out.name + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
     made = subprocess.run([python, str(REPO_ROOT / "scripts" / "make-backport"), "--out-dir",
@@ -91,7 +95,7 @@ def prepare_backport(python: str) -> tuple[Path, str, str]:
     if made.returncode != 0 or not matches(staging):
         raise BuildError("scripts/make-backport failed (output above) or wrote a diff whose sha256 "
                          f"differs from {relative(manifest)}'s pin; nothing was built")
-    return _swap_in(staging, out), sha, f"generated, {len(pins)} base shapes"
+    return _swap_in(staging, out), sha, f"generated, {len(pins)} diffs"
 
 
 def wheelhouse(python: str, facts: BaseFacts, requirements: Path, kind: str, *extra: str) -> tuple[Path, str]:
@@ -159,7 +163,7 @@ def stage_context(wheelhouse: Path, backport: Path) -> Context:
     for name in TOOLKIT_DIRS:
         shutil.copytree(REPO_ROOT / name, staging / name, ignore=ignore)
     for name, files in (("requirements", [TOOL_REQUIREMENTS]), ("docker", [REPO_ROOT / "docker" / "apply-layer.py"]),
-                        ("wheelhouse", wheelhouse.glob("*.whl")), ("backport", backport.glob("dflash2-*.diff"))):
+                        ("wheelhouse", wheelhouse.glob("*.whl")), ("backport", backport.glob("*.diff"))):
         (staging / name).mkdir()
         for path in sorted(files):
             shutil.copy2(path, staging / name)

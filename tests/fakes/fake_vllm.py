@@ -93,6 +93,14 @@ Launcher options (for run.sh's memory guard and scripts/doctor):
                                                       stderr, spread over --startup-seconds
                                                       ("Model loading took" at 1/3, "GPU KV
                                                       cache size" at 2/3; headless ranks too)
+  --engine-dies-after S   FAKE_VLLM_ENGINE_DIES_AFTER the engine core dies S s after the API
+                                                      listens (0: as it comes up): /health
+                                                      answers 503 from then on, /v1/models
+                                                      still 200, and the process exits
+                                                      --api-outlives-engine s later (vLLM
+                                                      0.32.0 measured: about 4 s); default
+                                                      never; SIGUSR1 kills the engine at once
+  --api-outlives-engine S FAKE_VLLM_API_OUTLIVES_ENGINE default 4
 
 Truth it follows: a chat request arriving at t0 gets its first chunk (with
 --first-chunk-tokens tokens) at t0 + ttft, and chunk j >= 1 at exactly t0 + ttft + j * step
@@ -220,6 +228,10 @@ def add_launcher_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-model-len", type=int, default=327680)
     parser.add_argument("--boot-log", action="store_true",
                         default=_env_flag("FAKE_VLLM_BOOT_LOG"))
+    parser.add_argument("--engine-dies-after", type=float,
+                        default=float(os.environ.get("FAKE_VLLM_ENGINE_DIES_AFTER", "-1")))
+    parser.add_argument("--api-outlives-engine", type=float,
+                        default=float(os.environ.get("FAKE_VLLM_API_OUTLIVES_ENGINE", "4")))
 
 
 # vLLM 0.30.0's own lines that end a boot phase (gpu_model_runner.py, kv_cache_utils.py).
@@ -1025,6 +1037,7 @@ class FakeServer:
     def __init__(self, program: Program):
         self.state = FakeState(program)
         self.chat = ChatHandler(self.state)
+        self.engine_dead = False
 
     async def serve_connection(self, reader, writer) -> None:
         try:
@@ -1046,7 +1059,7 @@ class FakeServer:
     async def route(self, method: str, path: str, body: bytes, writer) -> bool:
         program = self.state.program
         if method == "GET" and path == "/health":
-            writer.write(_response(200, b""))
+            writer.write(_response(503, b"") if self.engine_dead else _response(200, b""))
         elif method == "GET" and path == "/version":
             writer.write(_json_response(200, {"version": program.version}))
         elif method == "GET" and path == "/v1/models":
@@ -1103,9 +1116,21 @@ async def _serve(args: argparse.Namespace, program: Program) -> int:
     host, port = server.sockets[0].getsockname()[:2]
     print(f"fake-vllm listening on http://{host}:{port}", flush=True)
     print("INFO: Application startup complete.", file=sys.stderr, flush=True)
+    killed = asyncio.Event()  # SIGUSR1: the engine core is killed now
+    loop.add_signal_handler(signal.SIGUSR1, killed.set)
     async with server:
-        await stop.wait()
-    return 0
+        waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(killed.wait())]
+        timeout = None if args.engine_dies_after < 0 else args.engine_dies_after
+        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        for waiting in waits:
+            waiting.cancel()
+        if stop.is_set():
+            return 0
+        fake.engine_dead = True
+        print("ERROR: EngineCore died; the API server follows", file=sys.stderr, flush=True)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), args.api_outlives_engine)
+    return 0 if stop.is_set() else 1
 
 
 def main(argv: list[str] | None = None) -> int:

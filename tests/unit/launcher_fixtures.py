@@ -76,6 +76,7 @@ def _pv(tmp):
 # name -> (script, nodes, settings, set-up run in the temporary directory first)
 SCENARIOS = {
     "defaults": ("run.sh", 2, {}, None),
+    "seed-pr": ("run.sh", 2, {"PROFILE": "seed-pr"}, None),  # byte-equal to the saved defaults of before issue 19
     "pinned": ("run.sh", 2, PINNED, None),
     "other-model": ("run.sh", 2, {"MODEL": OTHER_MODEL}, None),
     "pins-file": ("run.sh", 2, {"MODEL": OTHER_MODEL, "DRAFTER": "dflash2-g"}, _pins_file),

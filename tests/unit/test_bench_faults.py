@@ -2,6 +2,10 @@
 measured; a server restart invalidates its block; any of it makes the exit code non-zero."""
 
 import json
+import signal
+import time
+import urllib.error
+import urllib.request
 from collections import Counter
 
 import pytest
@@ -85,7 +89,25 @@ def test_a_block_without_restart_after_one_with_it_is_valid(tmp_path):
 def test_unreachable_server_fails_closed(capsys):
     code = bench_decode.main(["--url", "http://127.0.0.1:9", "--quiet"])
     assert code == 2
-    assert "cannot reach http://127.0.0.1:9/v1/models" in capsys.readouterr().err
+    assert "cannot reach http://127.0.0.1:9/health" in capsys.readouterr().err
+
+
+def test_a_dead_engine_behind_a_live_model_list_fails_closed(capsys):
+    # vLLM's /v1/models answers 200 for seconds after its engine died; /health does not.
+    with fake_vllm.spawn("--api-outlives-engine", "60") as fake:
+        fake.process.send_signal(signal.SIGUSR1)  # the fake's engine core dies
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(fake.url + "/health", timeout=2)
+            except urllib.error.HTTPError as dead:
+                assert dead.code == 503
+                break
+            time.sleep(0.05)
+        assert urllib.request.urlopen(fake.url + "/v1/models", timeout=2).status == 200
+        code = bench_decode.main(["--url", fake.url, "--quiet"])
+    assert code == 2
+    assert f"{fake.url}/health answered HTTP 503: the engine is not healthy" in capsys.readouterr().err
 
 
 def test_model_comes_from_the_server_list(tmp_path):

@@ -15,6 +15,7 @@ from tests.unit.test_launcher_lifecycle import (
     WORKER,
     containers,
     make_cluster,
+    plant_meminfo,
     serve,
 )
 from tests.unit.test_launcher_support import FAKE_SSH, run, sealed_bin
@@ -22,9 +23,13 @@ from tests.unit.test_launcher_support import FAKE_SSH, run, sealed_bin
 MODELS = {"object": "list", "data": [{"id": "glm-5.3-flash", "object": "model",
                                       "max_model_len": 327680}]}
 DOCTOR_CURL = """#!/bin/sh
-# Prints the planted model list when there is one; otherwise "connection refused" (exit 7).
+# With a planted model list the API answers: /health with the planted status (200 unless
+# health holds another), /v1/models with the list; otherwise "connection refused" (exit 7).
 [ -f "$FAKE_DOCKER_STATE/models.json" ] || exit 7
-cat "$FAKE_DOCKER_STATE/models.json"
+case "$*" in
+  *"/health"*) cat "$FAKE_DOCKER_STATE/health" 2>/dev/null || printf 200 ;;
+  *) cat "$FAKE_DOCKER_STATE/models.json" ;;
+esac
 """
 
 
@@ -54,7 +59,10 @@ def cluster(tmp_path, started_cluster):
 def doctor(tmp_path, state, models=MODELS, **settings):
     if models is not None:
         (state / "models.json").write_text(json.dumps(models))
-    settings = {"DRY_RUN": 0, "SSH": str(FAKE_SSH), "FAKE_DOCKER_STATE": state, **settings}
+    swappiness = tmp_path / "swappiness"
+    swappiness.write_text("60\n")
+    settings = {"DRY_RUN": 0, "SSH": str(FAKE_SSH), "FAKE_DOCKER_STATE": state,
+                "GLM53_SWAPPINESS": swappiness, **plant_meminfo(tmp_path), **settings}
     return run(tmp_path, script="scripts/doctor", **settings)
 
 
@@ -72,19 +80,48 @@ RANK_LINES = [
 ]
 
 
+MEMORY = ("memory: vm.swappiness 60 (GB10 recipes run 0: swapping unified memory stalls the GPU), "
+          "MemAvailable 50.0 GiB, other GPU containers: none")
+MEMORY_LINES = [f"doctor: {HEAD} (head): {MEMORY}", f"doctor: {WORKER} (worker 1): {MEMORY}"]
+
+
 def test_ready(tmp_path, cluster):
     result = doctor(tmp_path, cluster)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == RANK_LINES + [
+    assert result.stdout.splitlines() == RANK_LINES + MEMORY_LINES + [
+        "doctor: API http://127.0.0.1:8000/health answers 200",
         "doctor: API http://127.0.0.1:8000/v1/models answers: model glm-5.3-flash, max_model_len 327680",
         "doctor: state ready (exit 0)"]
+
+
+def test_a_dead_engine_behind_a_live_api_is_down(tmp_path, cluster):
+    (cluster / "health").write_text("503")
+    result = doctor(tmp_path, cluster)
+    assert result.returncode == 6
+    assert result.stdout.splitlines()[-2:] == [
+        "doctor: API http://127.0.0.1:8000/health answers 503: the engine is down (vLLM's API "
+        "outlives its engine for seconds); ./stop.sh, then ./run.sh",
+        "doctor: state down (exit 6)"]
+
+
+def test_the_memory_report_names_other_gpu_containers_and_can_be_off(tmp_path, cluster):
+    path = cluster / "head.json"
+    node_state = json.loads(path.read_text())
+    node_state["containers"]["comfyui"] = {"labels": [], "status": "running", "inspects": 0,
+                                           "argv": ["run", "--gpus", "all", "--name", "comfyui"]}
+    path.write_text(json.dumps(node_state))
+    result = doctor(tmp_path, cluster)
+    assert f"doctor: {HEAD} (head): {MEMORY.replace('containers: none', 'containers: comfyui')}" in result.stdout
+    assert f"doctor: {WORKER} (worker 1): {MEMORY}" in result.stdout
+    quiet = doctor(tmp_path, cluster, MEM_PREFLIGHT=0)
+    assert "memory:" not in quiet.stdout
 
 
 def test_loading_while_the_api_does_not_answer(tmp_path, cluster):
     result = doctor(tmp_path, cluster, models=None)
     assert result.returncode == 4
     assert result.stdout.splitlines()[-2:] == [
-        "doctor: API http://127.0.0.1:8000/v1/models does not answer (yet: a GB10 boot takes 15-21 minutes)",
+        "doctor: API http://127.0.0.1:8000/health does not answer (yet: a GB10 boot takes 15-21 minutes)",
         "doctor: state loading (exit 4)"]
 
 
@@ -150,7 +187,7 @@ def test_the_doctor_changes_nothing(tmp_path, cluster):
     assert doctor(tmp_path, cluster).returncode == 0
     new_calls = [json.loads(line)["argv"][0] for line in
                  (cluster / "calls.jsonl").read_text().splitlines()]
-    assert set(new_calls) == {"inspect", "image"}
+    assert set(new_calls) == {"inspect", "image", "ps"}
     after = {node: containers(cluster, node) for node in ("head", WORKER)}
     for node in before:
         for name in before[node]:

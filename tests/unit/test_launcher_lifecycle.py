@@ -65,6 +65,13 @@ def plant_meminfo(tmp_path, **gib_by_node):
     return {"FAKE_MEMINFO_DIR": folder, "GLM53_MEMINFO": folder / HEAD}
 
 
+def plant_swappiness(tmp_path, value="0"):
+    """vm.swappiness as every node reports it (GLM53_SWAPPINESS, the preflight's test seam)."""
+    path = tmp_path / "swappiness"
+    path.write_text(f"{value}\n")
+    return path
+
+
 def set_meminfo(path, gib):
     """Replaces a planted /proc/meminfo at once (a rename), as the kernel's file changes."""
     staged = path.with_suffix(".new")
@@ -77,7 +84,10 @@ def serve(tmp_path, state, popen=False, **settings):
     defaults = {"DRY_RUN": 0, "SSH": str(FAKE_SSH), "FAKE_DOCKER_STATE": state,
                 "HF_CACHE": tmp_path / "hf", "POLL_SECONDS": 1, "MODEL_REVISION": MODEL_PIN,
                 "DRAFTER_REVISION": DRAFTER_PIN, "JIT_CACHE": tmp_path / "jit",
-                "RUNS_DIR": tmp_path / "runs"}
+                "RUNS_DIR": tmp_path / "runs",
+                # No boot floor: the memory guard's tests plant low memory (plant_meminfo);
+                # tests/unit/test_field_health.py tests the floor.
+                "MEM_BOOT_FLOOR_GIB": 0, "GLM53_SWAPPINESS": plant_swappiness(tmp_path)}
     if "FAKE_MEMINFO_DIR" not in settings:
         defaults.update(plant_meminfo(tmp_path))
     merged = {**defaults, **settings}
@@ -226,7 +236,7 @@ def test_no_answer_within_ready_timeout_stops_every_rank(tmp_path):
     result = serve(tmp_path, state, SPEC="off", READY_TIMEOUT=2)
     assert result.returncode == 1
     assert result.stderr.splitlines()[-1] == (
-        "glm53: the API did not answer within READY_TIMEOUT=2 s; every rank was stopped")
+        "glm53: /health did not answer 200 twice in a row within READY_TIMEOUT=2 s; every rank was stopped")
     assert containers(state, "head") == {} and containers(state, WORKER) == {}
 
 
@@ -381,7 +391,7 @@ def test_memory_guard_fails_closed_when_a_node_cannot_be_sampled(tmp_path):
     state = make_cluster(tmp_path)
     meminfo = plant_meminfo(tmp_path)
     (meminfo["FAKE_MEMINFO_DIR"] / WORKER).write_text("MemTotal: 1 kB\n")  # no MemAvailable
-    result = serve(tmp_path, state, SPEC="off", FAKE_CURL_READY_AFTER=30, **meminfo)
+    result = serve(tmp_path, state, SPEC="off", FAKE_CURL_READY_AFTER=30, MEM_PREFLIGHT=0, **meminfo)
     assert result.returncode == 1
     assert (f"glm53: memory guard: lost the MemAvailable samples of {WORKER} (its sampler over "
             "SSH ended or was silent for 10 s; see MEM_GUARD in docs/launcher.md);") in result.stderr
@@ -395,7 +405,7 @@ def test_memory_guard_fails_closed_when_a_node_sampler_goes_silent(tmp_path):
     os.mkfifo(silent)  # nobody writes it: the worker's sampler blocks on its first read
     started = time.monotonic()
     try:
-        result = serve(tmp_path, state, SPEC="off", FAKE_CURL_READY_AFTER=60, **meminfo)
+        result = serve(tmp_path, state, SPEC="off", FAKE_CURL_READY_AFTER=60, MEM_PREFLIGHT=0, **meminfo)
     finally:
         release_fifo_reader(silent)
     assert result.returncode == 1

@@ -9,7 +9,7 @@ from tests.unit.test_launcher_support import run
 
 # profile -> (extra settings, the fixture it must equal)
 PROFILES = {
-    "seed-pr": ({}, "defaults"),  # the seed's PR-era run: today's defaults, before the move
+    "seed-pr": ({}, "seed-pr"),  # the seed's PR-era run: the defaults saved before the move
     "default": ({}, "defaults"),
     "mtp": ({}, "spec-mtp-unpinned"),
     "eager": ({}, "eager-unpinned"),

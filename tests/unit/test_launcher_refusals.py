@@ -223,6 +223,12 @@ REFUSALS = [
     ({"READY_TIMEOUT": "0"}, f"READY_TIMEOUT=0: {INT} 1..86400"),
     ({"POLL_SECONDS": "0"}, f"POLL_SECONDS=0: {INT} 1..60"),
     ({"DRY_RUN": "yes"}, "DRY_RUN=yes: accepted: 0 | 1"),
+    ({"READY_CHECK": "v1"}, "READY_CHECK=v1: accepted: health | models"),
+    ({"CUDAGRAPH_MEMORY_ESTIMATE": "off"}, "CUDAGRAPH_MEMORY_ESTIMATE=off: accepted: 0 | 1"),
+    ({"MEM_PREFLIGHT": "2"}, "MEM_PREFLIGHT=2: accepted: 0 | 1"),
+    ({"MEM_BOOT_FLOOR_GIB": "-1"}, "MEM_BOOT_FLOOR_GIB=-1: GiB of MemAvailable a node must have "
+     "before its rank starts (0: no floor); accepted: an integer 0..1024"),
+    ({"FORCE_UNSAFE_BOOT_MEMORY": "yes"}, "FORCE_UNSAFE_BOOT_MEMORY=yes: accepted: 0 | 1"),
 ]
 
 

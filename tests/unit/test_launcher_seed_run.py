@@ -69,6 +69,7 @@ DIFFERENCES = {
     ("serve", "--served-model-name"): "glm-5.3-flash instead of <NAME>",
     ("serve", "--linear-backend"): "added", ("serve", "--mm-processor-cache-gb"): "added",
     ("serve", "--override-generation-config"): "added",
+    ("env", "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS"): "added",
 }
 
 _DOCKER_SWITCHES = {"--detach"}

@@ -254,7 +254,7 @@ def test_unreachable_server_exits_2_with_one_line(capsys):
     code = probes.main(["--base-url", f"http://127.0.0.1:{port}", "--quiet"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1
-    assert err.startswith(f"probes: cannot reach http://127.0.0.1:{port}/v1/models")
+    assert err.startswith(f"probes: cannot reach http://127.0.0.1:{port}/health")
     assert err.endswith("is the server up? pass --base-url")
 
 

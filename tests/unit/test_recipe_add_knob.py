@@ -79,7 +79,7 @@ def test_the_new_knobs_are_checked(tmp_path, settings, line):
 
 def test_seed_pr_still_prints_the_saved_dry_run(tmp_path):
     _, text = dry_run_text(tmp_path, with_new_knobs(), PROFILE="seed-pr")
-    assert text == fixture("defaults")
+    assert text == fixture("seed-pr")
     # ... and the default profile, with the lever on, does not.
     _, text = dry_run_text(tmp_path, with_new_knobs())
     assert text != fixture("defaults") and "GLM53_KPOOL_TAIL_FIX=1" in text

@@ -91,7 +91,7 @@ def test_the_probe_picks_the_diff_and_names_the_shape(patched):
     _, report = patched["fork"]
     assert "base shape logits-cache (probe: gumbel_sample takes logits_cache)" in report["reason"]
     assert "vllm/v1/worker/gpu/spec_decode/speculator.py" in report["files"]
-    assert len(report["files"]) == 11
+    assert len(report["files"]) == 14  # DFlash2 (11) and the draft-noise salt (3 more: sampler, DSpark, rejection sampler)
     _, report = patched["0.27.1"]
     assert "base shape no-logits-cache" in report["reason"]
     assert len(report["files"]) == 10

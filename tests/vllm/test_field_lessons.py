@@ -1,0 +1,215 @@
+"""What upstream fixed after 0.28.0 for DFlash, checked on the real release trees.
+
+- #54282 (the salted draft Gumbel stream, in 0.30.0): v9 carries it onto 0.28.0 and the
+  fork shape, generated from 0.30.0 and pinned; every call of vLLM's Gumbel samplers in
+  the patched tree says whether it drafts, drafts saying yes and the target no.
+- #54374 (FlashAttention's ahead-of-time split schedule off for a sliding-window DFlash
+  drafter, in 0.30.0's DFlash speculator): not carried, because on sm_121 the path cannot
+  be taken: FlashAttentionMetadataBuilder schedules ahead of time only under FA3, and
+  vLLM's own version choice never gives FA3 to a device of major 12.
+"""
+
+import ast
+import json
+import os
+import shutil
+import sys
+import types
+
+import pytest
+
+from recipekit.backport import load_manifest, salt_diff_file_name, salt_shapes, sha256_text
+from tests.vllm.conftest import run_script, tree_digest
+
+GUMBEL_CALLS = {"gumbel_sample": "is_drafting", "gumbel_block_argmax": "IS_DRAFTING",
+                "gumbel_noised_argmax": "IS_DRAFTING"}
+# Where a call draws: True for a drafter's proposal, False for the target's sample or resample.
+DRAFTS = {
+    "vllm/v1/worker/gpu/spec_decode/speculator.py": True,
+    "vllm/v1/worker/gpu/spec_decode/dflash2/speculator.py": True,
+    "vllm/v1/worker/gpu/spec_decode/dspark/speculator.py": True,
+    "vllm/v1/worker/gpu/sample/sampler.py": False,
+    "vllm/v1/worker/gpu/spec_decode/rejection_sampler_utils.py": False,
+}
+FA_UTILS = "vllm/v1/attention/backends/fa_utils.py"
+FLASH_ATTN = "vllm/v1/attention/backends/flash_attn.py"
+DFLASH_SPECULATOR = "vllm/v1/worker/gpu/spec_decode/dflash/speculator.py"
+
+
+@pytest.fixture(scope="module")
+def diff_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("backports")
+    result = run_script("scripts/make-backport", "--out-dir", str(out))
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def patch_v9(root, diff_dir, *extra):
+    result = run_script("scripts/patch-layer", "v9", "--root", str(root), "--json", "--diff", str(diff_dir), *extra)
+    return result.returncode, (json.loads(result.stdout) if result.stdout.strip() else {}), result.stderr
+
+
+@pytest.fixture(scope="module")
+def salted(tmp_path_factory, release, diff_dir):
+    """{base: tree with v9 applied} for the bases where v9 carries the salt."""
+    trees = {}
+    for base in ("0.28.0", "fork"):
+        root = tmp_path_factory.mktemp(f"salt-{base}") / "tree"
+        shutil.copytree(release(base), root, copy_function=os.link)
+        code, report, stderr = patch_v9(root, diff_dir, "--import-check", "on")
+        assert code == 0 and report["outcome"] == "applied", (report, stderr)
+        trees[base] = (root, report)
+    return trees
+
+
+def gumbel_calls(root):
+    """[(file, callee, the drafting keyword's value or None)] for every call in vllm/v1."""
+    found = []
+    for path in sorted((root / "vllm" / "v1").rglob("*.py")):
+        relative = str(path.relative_to(root))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in GUMBEL_CALLS:
+                keyword = GUMBEL_CALLS[ast.unparse(node.func)]
+                value = next((k.value for k in node.keywords if k.arg == keyword), None)
+                if value is not None:
+                    value = value.value if isinstance(value, ast.Constant) else ast.unparse(value)
+                found.append((relative, ast.unparse(node.func), value))
+    return found
+
+
+def test_the_salt_diffs_are_pinned_and_taken_from_0_30_0(release, diff_dir):
+    manifest = load_manifest()
+    salt = manifest["draft_noise_salt"]
+    assert salt["pr"] == 54282 and salt["source"] == "0.30.0"
+    own = {line for entries in salt["recipe_insertions"].values() for entry in entries for line in entry["lines"]}
+    assert own == {"        IS_DRAFTING=False,", "                    is_drafting=True,"}
+    for shape in salt_shapes(manifest):
+        text = (diff_dir / salt_diff_file_name(shape)).read_text()
+        assert sha256_text(text) == salt["diff_sha256"][shape]
+        current = None
+        for line in text.splitlines():
+            if line.startswith("+++ b/"):
+                current = (release("0.30.0") / line[6:]).read_text().splitlines()
+            elif line.startswith("+") and not line.startswith("+++"):
+                assert line[1:] in current or line[1:] in own, (shape, line)
+            elif line.startswith("-") and not line.startswith("---"):
+                raise AssertionError(f"{shape}: the salt only adds lines, yet removes {line!r}")
+
+
+@pytest.mark.parametrize("base", ["0.28.0", "fork"])
+def test_v9_salts_every_draw_and_only_the_drafts(salted, release, base):
+    root, report = salted[base]
+    assert "draft-noise salt (PR #54282)" in report["reason"]
+    unsalted = gumbel_calls(release(base))
+    assert any(value is None for _, _, value in unsalted)  # the tree as released does not say
+    calls = gumbel_calls(root)
+    assert len(calls) >= len(unsalted) >= 5  # the fork shape gains DFlash2's own calls
+    for relative, callee, value in calls:
+        expected = DRAFTS.get(relative, "passed on")
+        if relative == "vllm/v1/worker/gpu/sample/gumbel.py":
+            assert value == "IS_DRAFTING" or value == "is_drafting", (callee, value)
+        else:
+            assert value is expected, (relative, callee, value)
+    gumbel = (root / "vllm/v1/worker/gpu/sample/gumbel.py").read_text()
+    assert "_DRAFT_NOISE_SALT = tl.constexpr(1 << 30)" in gumbel
+    assert "        if IS_DRAFTING:\n            pos = pos + _DRAFT_NOISE_SALT\n        gumbel_seed = tl.randint(seed, pos)" in gumbel
+    assert gumbel.count("tl.randint(") == 1  # one draw site, so the salt reaches every draw
+
+
+@pytest.mark.parametrize("base", ["0.28.0", "fork"])
+def test_salted_trees_are_already_applied_on_a_second_run(salted, diff_dir, base):
+    root, _ = salted[base]
+    before = tree_digest(root)
+    code, report, _ = patch_v9(root, diff_dir)
+    assert (code, report["outcome"]) == (0, "already-applied")
+    assert tree_digest(root) == before
+
+
+@pytest.mark.parametrize("version", ["0.30.0", "0.33.0"])
+def test_bases_with_the_salt_provide_it(release, diff_dir, version):
+    code, report, _ = patch_v9(release(version), diff_dir, "--check")
+    assert (code, report["outcome"]) == (0, "provided-by-base")
+    assert "_DRAFT_NOISE_SALT, PR #54282" in report["reason"]
+
+
+def test_a_missing_salt_diff_in_the_diff_directory_is_a_setup_error(tree_copy, diff_dir, tmp_path):
+    partial = tmp_path / "partial"
+    shutil.copytree(diff_dir, partial)
+    (partial / salt_diff_file_name("release")).unlink()
+    code, _, stderr = patch_v9(tree_copy("0.28.0"), partial, "--check")
+    assert code == 2
+    assert "draft-noise-salt-release.diff: cannot read the diff" in stderr
+
+
+# --- #54374 -------------------------------------------------------------------------
+
+
+def test_54374_landed_in_0_30_0s_dflash_speculator(release):
+    fix = "builder.aot_schedule = False"
+    for version in ("0.30.0", "0.33.0"):
+        source = (release(version) / DFLASH_SPECULATOR).read_text()
+        assert fix in source and "get_kv_cache_spec_sliding_window(builder.kv_cache_spec)" in source, version
+    for version in ("0.27.1", "0.28.0", "fork"):
+        assert fix not in (release(version) / DFLASH_SPECULATOR).read_text(), version
+
+
+def _aot_schedule_rule(root):
+    """The expression FlashAttentionMetadataBuilder.__init__ assigns to self.aot_schedule."""
+    tree = ast.parse((root / FLASH_ATTN).read_text())
+    builder = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "FlashAttentionMetadataBuilder")
+    init = next(n for n in builder.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    rules = [ast.unparse(n.value) for n in ast.walk(init) if isinstance(n, ast.Assign)
+             and [ast.unparse(t) for t in n.targets] == ["self.aot_schedule"]]
+    assert len(rules) == 1
+    return rules[0]
+
+
+def _flash_attn_version(root, monkeypatch, major, minor, configured):
+    """vLLM's own get_flash_attn_version of ``root``, run on a stated device capability with
+    every FlashAttention version reported supported and ``configured`` set in the config."""
+    tree = ast.parse((root / FA_UTILS).read_text())
+    functions = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name != "is_fa_version_supported"]
+    silent = types.SimpleNamespace(warning_once=lambda *a, **k: None, info_once=lambda *a, **k: None,
+                                   error=lambda *a, **k: None, warning=lambda *a, **k: None)
+    platform = types.SimpleNamespace(
+        is_xpu=lambda: False, is_rocm=lambda: False, is_cuda=lambda: True,
+        get_device_capability=lambda: types.SimpleNamespace(major=major, minor=minor),
+        is_device_capability_family=lambda family: major * 10 + minor >= family,
+    )
+    namespace = {"current_platform": platform, "logger": silent, "Any": object,
+                 "envs": types.SimpleNamespace(VLLM_BATCH_INVARIANT=False),
+                 "is_quantized_kv_cache": lambda dtype: False}
+    exec(compile(ast.Module(body=functions, type_ignores=[]), str(root / FA_UTILS), "exec"), namespace)
+    interface = types.ModuleType("vllm.vllm_flash_attn.flash_attn_interface")
+    interface.is_fa_version_supported = lambda version, *a, **k: True
+    interface.fa_version_unsupported_reason = lambda version, *a, **k: None
+    config = types.ModuleType("vllm.config")
+    vllm_config = types.SimpleNamespace(attention_config=types.SimpleNamespace(flash_attn_version=configured),
+                                        model_config=None, cache_config=None)
+    config.get_current_vllm_config_or_none = lambda: vllm_config
+    monkeypatch.setitem(sys.modules, interface.__name__, interface)
+    monkeypatch.setitem(sys.modules, "vllm.config", config)
+    namespace["is_fa_version_supported"] = interface.is_fa_version_supported
+    return namespace["get_flash_attn_version"](head_size=128)
+
+
+@pytest.mark.parametrize("version", ["0.27.1", "0.28.0", "fork", "0.30.0"])
+def test_54374s_path_is_unreachable_on_sm_121(release, monkeypatch, version):
+    root = release(version)
+    # The drafter's layers are plain attention: on a CUDA device of major 12 vLLM tries
+    # FlashAttention first for them (the MLA list is the target's), so the drafter may run on it ...
+    cuda = ast.parse((root / "vllm/platforms/cuda.py").read_text())
+    priorities = next(n for n in cuda.body if isinstance(n, ast.FunctionDef) and n.name == "_get_backend_priorities")
+    branch = next(n for n in priorities.body if isinstance(n, ast.If) and ast.unparse(n.test) == "use_mla")
+    plain = ast.Module(body=branch.orelse, type_ignores=[])
+    lists = [n.value.elts for n in ast.walk(plain) if isinstance(n, ast.Return) and isinstance(n.value, ast.List)]
+    # The last list is the one not for major 10; a starred entry there is for major 9 only.
+    first = next(ast.unparse(e) for e in lists[-1] if not isinstance(e, ast.Starred))
+    assert first == "AttentionBackendEnum.FLASH_ATTN"
+    # ... but its builder schedules ahead of time only under FA3 ...
+    assert _aot_schedule_rule(root) == "get_flash_attn_version() == 3"
+    # ... which vLLM's version choice never gives sm_121, not even when FA3 is asked for.
+    for configured in (None, 2, 3):
+        assert _flash_attn_version(root, monkeypatch, 12, 1, configured) != 3, configured
+    # The same function does pick FA3 on Hopper: the check above can fail.
+    assert _flash_attn_version(root, monkeypatch, 9, 0, None) == 3
