@@ -38,7 +38,7 @@ RECORDS = RECIPE / "build-record"
 STAMP = PYLIB / ".glm53-wheelhouse-sha256"
 # What the context brings (scripts/build.sh stages exactly these).
 TOOLKIT = ("scripts", "recipekit", "patches", "requirements", "docker", "wheelhouse", "backport")
-LAYERS = ("v8", "v9", "v10", "v11")
+LAYERS = ("v8", "v9", "v10", "v11", "v13")
 OK_OUTCOMES = ("applied", "already-applied", "provided-by-base")
 BACKPORT_DIFFS = RECIPE / "backport"  # dflash2-SHAPE.diff; patch-layer v9 probes which applies
 # v8's packages arrive in the context beside the toolkit and are installed from there.

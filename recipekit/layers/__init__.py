@@ -11,7 +11,7 @@ from recipekit.exact_patch import PatchPlan, PatchRefused
 from recipekit.tree import TreeView
 from recipekit.verify import import_problems, static_problems, torch_importable
 
-LAYERS = ("v8", "v9", "v10", "v11")
+LAYERS = ("v8", "v9", "v10", "v11", "v13")
 EXIT_CODES = {"applied": 0, "already-applied": 0, "provided-by-base": 0, "refused": 3}
 
 
