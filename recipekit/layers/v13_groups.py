@@ -57,7 +57,8 @@ class Group:
 def _kpool_ring_upstream(view: TreeView) -> str | None:
     for path in (KPOOL_KERNELS,):
         text = view.read_text(path) or ""
-        if "    RING: tl.constexpr," in text and "blk = t // RING" in text:
+        ours = "glm53_v13_switches" in text  # our own ring (this layer) is not the base's
+        if not ours and "blk = t // RING" in text and "        RING=tail_kv_cache.shape[2],\n" in text:
             indexer = view.read_text(INDEXER) or ""
             v2 = (
                 "its tail metadata builder still maps slots only when the runner passes positions "
