@@ -10,6 +10,7 @@ from tests.unit.test_launcher_support import launcher_env
 SETTINGS = [
     {}, {"ENFORCE_EAGER": "1"}, {"HF_TOKEN_FILE": "/tok"}, {"SPEC": "mtp"},
     {"TOOL_CALL_PARSER": "none", "JIT_CACHE": "none"}, {"GENERATION_CONFIG": '{"top_k": 2}'},
+    {"KPOOL_TAIL_FIX": "1", "ROUTER_FP32": "1", "INDEXER_WS_FACTOR": "1"},
 ]
 
 
