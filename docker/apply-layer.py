@@ -38,7 +38,7 @@ RECORDS = RECIPE / "build-record"
 STAMP = PYLIB / ".glm53-wheelhouse-sha256"
 # What the context brings (scripts/build.sh stages exactly these).
 TOOLKIT = ("scripts", "recipekit", "patches", "requirements", "docker", "wheelhouse", "backport")
-LAYERS = ("v8", "v9", "v10", "v11")
+LAYERS = ("v8", "v9", "v10", "v11", "v13")
 OK_OUTCOMES = ("applied", "already-applied", "provided-by-base")
 BACKPORT_DIFFS = RECIPE / "backport"  # dflash2-SHAPE.diff; patch-layer v9 probes which applies
 # v8's packages arrive in the context beside the toolkit and are installed from there.
@@ -204,9 +204,11 @@ def run_layer(layer: str, root: Path) -> dict:
 
 
 def main() -> None:
-    if len(sys.argv) != 2 or sys.argv[1] not in LAYERS:
-        fail(f"usage: apply-layer.py {{{'|'.join(LAYERS)}}}")
-    layer = sys.argv[1]
+    # LAYER, then the layer's own extra patchers (named LAYER_*), each with its own record.
+    if len(sys.argv) < 2 or sys.argv[1] not in LAYERS or any(
+            not extra.startswith(f"{sys.argv[1]}_") for extra in sys.argv[2:]):
+        fail(f"usage: apply-layer.py {{{'|'.join(LAYERS)}}} [LAYER_PATCHER ...]")
+    layer, extras = sys.argv[1], sys.argv[2:]
     if sys.version_info < (3, 10):  # noqa: UP036 (runs on the base's python3, whatever it is)
         fail(f"the layer tool needs Python >= 3.10; {sys.executable} is {sys.version.split()[0]}")
     root = vllm_root()
@@ -215,17 +217,18 @@ def main() -> None:
     install_dependencies()
     packages = install_packages(root) if layer == "v8" else None
     shutil.rmtree(INCOMING)
-    record = run_layer(layer, root)
-    if packages is not None:
-        record["packages"] = packages["packages"]
-        record["package_notes"] = packages["notes"]
-    record["vllm_root"] = str(root)
-    record["python"] = ".".join(map(str, sys.version_info[:3]))
-    RECORDS.mkdir(parents=True, exist_ok=True)
-    (RECORDS / f"{layer}.json").write_text(json.dumps(record, indent=2) + "\n")
-    say(f"{layer}: {record['outcome']}: {record.get('reason', '')}")
-    for name in record.get("files", []):
-        say(f"{layer}:   {name}")
+    for patcher in (layer, *extras):
+        record = run_layer(patcher, root)
+        if packages is not None and patcher == layer:
+            record["packages"] = packages["packages"]
+            record["package_notes"] = packages["notes"]
+        record["vllm_root"] = str(root)
+        record["python"] = ".".join(map(str, sys.version_info[:3]))
+        RECORDS.mkdir(parents=True, exist_ok=True)
+        (RECORDS / f"{patcher}.json").write_text(json.dumps(record, indent=2) + "\n")
+        say(f"{patcher}: {record['outcome']}: {record.get('reason', '')}")
+        for name in record.get("files", []):
+            say(f"{patcher}:   {name}")
 
 
 if __name__ == "__main__":

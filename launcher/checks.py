@@ -142,6 +142,27 @@ def _serving_image(checked: Checked, knob: Knob) -> None:
                       f"{chain} (scripts/build.sh), or set FORCE_STOCK_IMAGE=1")
 
 
+# GLM-5.3-Flash's indexer pools 4 tokens (index_kpool); image v13 sizes the tail ring from it.
+_KPOOL = 4
+
+
+def kpool_ring(k: int) -> int:
+    """Tail-ring slots image v13 uses with k drafts: max(kpool, next power of two >= k + kpool - 1)."""
+    return max(_KPOOL, 1 << (k + _KPOOL - 2).bit_length())
+
+
+def _kpool_ring(checked: Checked, knob: Knob) -> None:
+    if checked["KPOOL_TAIL_FIX"] != "1" or checked["SPEC"] == "off" or not checked["BLOCK_SIZE"]:
+        return  # no drafts, or vLLM picks the block size: the engine checks the ring at start
+    k_knob = "NUM_SPECULATIVE_TOKENS" if checked["SPEC"] == "dflash2" else "MTP_NUM_SPECULATIVE_TOKENS"
+    ring = kpool_ring(int(checked[k_knob]))
+    if int(checked["BLOCK_SIZE"]) % ring:
+        raise refusal("BLOCK_SIZE", checked["BLOCK_SIZE"],
+                      f"KPOOL_TAIL_FIX=1 needs the tail ring ({ring} slots at {k_knob}="
+                      f"{checked[k_knob]}) to divide the block size; accepted: a multiple of "
+                      f"{ring}, or set KPOOL_TAIL_FIX=0")
+
+
 def _model(checked: Checked, knob: Knob) -> None:
     model = checked["MODEL"]
     if model.startswith("/"):
@@ -252,6 +273,7 @@ RULES: dict[str, Callable[[Checked, Knob], None]] = {
     "serving_image": _serving_image, "model": _model, "model_revision": _model_revision,
     "nodes": _nodes, "tensor_parallel": _tensor_parallel, "master_port": _master_port,
     "remote_exec": _remote_exec, "extra_args": _extra_args, "extra_env": _extra_env,
+    "kpool_ring": _kpool_ring,
 }
 
 

@@ -453,7 +453,16 @@ def startup_line(launch: Launch, drafter_phrase: str) -> str:
     else:
         mode = f"CUDA graphs (capture {','.join(map(str, capture_sizes(launch)))})"
     kv = launch["KV_CACHE_MEMORY_BYTES"]
+    switches = image_switches_on(launch)
+    image = f"image {launch['IMAGE']}" + (f" ({' '.join(switches)} on)" if switches else "")
     return (f"model {model}, {drafter}, context {launch['MAX_MODEL_LEN']}, "
             f"{launch['MAX_NUM_SEQS']} seqs, {mode}, KV pin {kv} bytes ({gib(int(kv))} GiB "
-            f"{launch['KV_CACHE_DTYPE']}){weights_phrase(launch)}, image {launch['IMAGE']}, nodes "
+            f"{launch['KV_CACHE_DTYPE']}){weights_phrase(launch)}, {image}, nodes "
             f"{' '.join(launch.nodes.addresses)} (TP={launch['TP']})")
+
+
+def image_switches_on(launch: Launch) -> list[str]:
+    """The flag knobs at 1 that set an image layer's GLM53_* variable (image v13's switches)."""
+    return [knob.name for knob in launch.recipe.knobs.values()
+            if knob.type == "flag" and any(name.startswith("GLM53_") for name in knob.env)
+            and launch[knob.name] == "1"]

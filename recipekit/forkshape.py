@@ -40,6 +40,14 @@ Facts it encodes (REFERENCE.md, "The fork image the seed builds on"):
    and ``utils/flashinfer.py`` gains 0.30.0's ``has_flashinfer_sm90_nope_mla``. The
    priority list in ``platforms/cuda.py`` stays 0.27.1's (D1's target, verbatim there).
 
+9. The fork's kpool indexer files are the fork-era text that the seed's v13 patches:
+   ``models/glm5next/nvidia/ops/kpool_compress.py`` (``blk = t // KPOOL``, the packed
+   seed address), ``models/glm5next/nvidia/attention.py`` (``Glm5NextTailCache``) and
+   ``v1/attention/backends/mla/indexer.py`` (``compute_kpool_tail_slot_mapping``, the
+   kpool tail metadata builder, ``return max_model_len * 40``) are 0.30.0's, whose text
+   carries every anchor v13 names; the indexer backend is taken whole (not left to the
+   import closure), since v13 edits it.
+
 Not encoded: ``config/vllm.py``'s +52-line shift (kept as 0.27.1's), and Glm5Next's
 kernels at run time (its package is proven by static checks, not imported here).
 The tree is built once into the recipe cache, keyed by the hash of its inputs.
@@ -72,6 +80,7 @@ KV_INTERFACE = "vllm/v1/kv_cache_interface.py"
 KV_UTILS = "vllm/v1/core/kv_cache_utils.py"
 KV_LAYOUT = "vllm/v1/kv_cache_layout.py"
 SM90_BACKEND = "vllm/v1/attention/backends/mla/flashinfer_mla_sparse_sm90.py"
+KPOOL_TAIL_BACKEND = "vllm/v1/attention/backends/mla/indexer.py"
 ATTENTION_REGISTRY = "vllm/v1/attention/backends/registry.py"
 FLASHINFER_UTILS = "vllm/utils/flashinfer.py"
 GLM5NEXT = "vllm/models/glm5next"
@@ -167,8 +176,8 @@ def _module_of(relative: str) -> tuple[str, bool]:
 
 
 def overlay_with_import_closure(base: Path, source: Path) -> dict[str, str]:
-    """Glm5Next's package and the SM90 sparse-MLA backend from ``source``, plus the modules
-    they need that ``base`` cannot serve.
+    """Glm5Next's package, the SM90 sparse-MLA and the kpool indexer backends from
+    ``source``, plus the modules they need that ``base`` cannot serve.
 
     A module is taken from ``source`` when an overlaid file imports it and ``base``
     lacks it or lacks one of the imported names; repeated until nothing changes.
@@ -178,7 +187,7 @@ def overlay_with_import_closure(base: Path, source: Path) -> dict[str, str]:
         str(p.relative_to(source)): p.read_text(encoding="utf-8")
         for p in sorted((source / GLM5NEXT).rglob("*.py"))
     }
-    for relative in (KV_LAYOUT, SM90_BACKEND):
+    for relative in (KV_LAYOUT, SM90_BACKEND, KPOOL_TAIL_BACKEND):
         overlay[relative] = (source / relative).read_text(encoding="utf-8")
     while True:
         view = TreeView(base, {k: v.encode() for k, v in overlay.items()})

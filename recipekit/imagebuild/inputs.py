@@ -193,10 +193,11 @@ def inputs_hash(layer: str, base_id: str, context: Context) -> str:
 
 
 def patch_hash(layer: str) -> str:
-    """The layer's own patch material: its patcher module, the recipekit.layers modules it
-    imports (v8's sm121_*, v10's glm5next), and its patches/ directory."""
+    """The layer's own patch material: its patcher modules (LAYER and LAYER_*, e.g. v13's
+    groups and weight groups), the recipekit.layers modules they import (v8's sm121_*, v10's
+    glm5next), and its patches/ directory."""
     layers_dir = REPO_ROOT / "recipekit" / "layers"
-    modules, todo = set(), [layer]
+    modules, todo = set(), [layer, *(path.stem for path in layers_dir.glob(f"{layer}_*.py"))]
     while todo:
         if (name := todo.pop()) not in modules and (layers_dir / f"{name}.py").is_file():
             modules.add(name)

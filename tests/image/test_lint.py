@@ -73,6 +73,7 @@ def test_dockerfiles_pass_hadolint():
     assert [path.name for path in dockerfiles] == [
         "Dockerfile.sm121-v10",
         "Dockerfile.sm121-v11",
+        "Dockerfile.sm121-v13",
         "Dockerfile.sm121-v8",
         "Dockerfile.sm121-v9",
     ]
@@ -83,7 +84,7 @@ def test_dockerfiles_pass_hadolint():
 
 
 def test_dockerfiles_chain_each_layer_on_the_previous_tag():
-    for layer, base in (("v9", "v8"), ("v10", "v9"), ("v11", "v10")):
+    for layer, base in (("v9", "v8"), ("v10", "v9"), ("v11", "v10"), ("v13", "v11")):
         text = (REPO_ROOT / "docker" / f"Dockerfile.sm121-{layer}").read_text()
         assert f"ARG BASE_IMAGE=glm53-sm121-{base}\n" in text
         assert "FROM ${BASE_IMAGE}\n" in text

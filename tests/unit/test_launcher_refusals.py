@@ -5,6 +5,8 @@ Each case runs twice: through run.sh, and in the launcher's Python core directly
 checks and pins, as run.sh's DRY_RUN reaches them).
 """
 
+from pathlib import Path
+
 import pytest
 
 from launcher import cli, plan, recipe, serve
@@ -169,6 +171,15 @@ REFUSALS = [
     ({"IMAGE": "Bad Image"}, "IMAGE=Bad Image: accepted: a Docker image reference"),
     ({"BASE_IMAGE": "base;rm"}, "BASE_IMAGE=base;rm: accepted: a Docker image reference"),
     ({"FORCE_STOCK_IMAGE": "y"}, "FORCE_STOCK_IMAGE=y: accepted: 0 | 1"),
+    ({"KPOOL_TAIL_FIX": "yes"}, "KPOOL_TAIL_FIX=yes: accepted: 0 | 1"),
+    ({"KPOOL_TAIL_FIX": "1", "NUM_SPECULATIVE_TOKENS": "7", "BLOCK_SIZE": "2312"},
+     ("BLOCK_SIZE=2312: KPOOL_TAIL_FIX=1 needs the tail ring (16 slots at NUM_SPECULATIVE_TOKENS=7) "
+      "to divide the block size; accepted: a multiple of 16, or set KPOOL_TAIL_FIX=0")),
+    ({"KPOOL_TAIL_FIX": "1", "SPEC": "mtp", "BLOCK_SIZE": "2308"},
+     ("BLOCK_SIZE=2308: KPOOL_TAIL_FIX=1 needs the tail ring (8 slots at MTP_NUM_SPECULATIVE_TOKENS=4) "
+      "to divide the block size; accepted: a multiple of 8, or set KPOOL_TAIL_FIX=0")),
+    ({"ROUTER_FP32": "2"}, "ROUTER_FP32=2: accepted: 0 | 1"),
+    ({"INDEXER_WS_FACTOR": "40"}, "INDEXER_WS_FACTOR=40: accepted: 0 | 1"),
     ({"MODEL": "GLM-5.3-Flash"},
      "MODEL=GLM-5.3-Flash: accepted: a Hugging Face repo id (org/name) or an absolute directory"),
     ({"MODEL_REVISION": "v1.0"}, f"MODEL_REVISION=v1.0: {HEX_PIN} to resolve once and pin"),
@@ -315,3 +326,22 @@ def test_a_corrupt_pins_file_is_refused(tmp_path):
     assert result.stderr == (
         f"refused: PINS_FILE={tmp_path / 'pins.env'}: line 1 reads 'someone/other-checkpoint "
         "main'; accepted: lines '<repo id> <40-hex commit>'\n")
+
+
+def test_the_launchers_ring_is_the_images(monkeypatch):
+    """launcher/checks.py's ring formula equals the one image v13 runs (patches/v13)."""
+    import importlib.util
+    import sys
+    import types
+
+    from launcher.checks import kpool_ring
+
+    torch = types.ModuleType("torch")  # the unit tier has no torch; only annotations name it
+    torch.Tensor, torch.dtype = object, object
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    spec = importlib.util.spec_from_file_location(
+        "glm53_v13_switches", Path(__file__).resolve().parents[2] / "patches/v13/glm53_v13_switches.py")
+    switches = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(switches)
+    assert [kpool_ring(k) for k in range(1, 8)] == [switches.kpool_ring(4, k) for k in range(1, 8)]
+    assert [kpool_ring(k) for k in (4, 5, 7)] == [8, 8, 16]

@@ -1,0 +1,149 @@
+"""Layer v13 on real vLLM trees and the fork-shaped stand-in: applied on 0.30.0 and the fork
+shape, each group provided by 0.33.0 or applied there, refused on 0.27.1 and on drift; the
+patched functions run on CPU torch with the switches on and off."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from recipekit.layers.v13_groups import GROUPS, INDEXER, KPOOL_KERNELS, TAIL_CACHE
+from tests.vllm.conftest import REPO_ROOT, run_script, tree_digest
+
+BASES = ["0.30.0", "fork"]
+SWITCHES = [group.variable for group in GROUPS]
+V13_FILES = {
+    KPOOL_KERNELS, TAIL_CACHE, INDEXER, "vllm/models/glm5next/nvidia/model.py", "vllm/glm53_v13_switches.py",
+}
+
+
+def patch(root, *extra):
+    result = run_script("scripts/patch-layer", "v13", "--root", str(root), "--json", *extra)
+    return result.returncode, (json.loads(result.stdout) if result.stdout.strip() else {})
+
+
+def probe(tree, switches_on: bool):
+    env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
+    for name in SWITCHES:
+        env.pop(name, None)
+        if switches_on:
+            env[name] = "1"
+    result = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "tests/vllm/probes/v13_switches.py")],
+        capture_output=True, text=True, timeout=900, check=False, env=env,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module", params=BASES)
+def patched(request, tmp_path_factory, release):
+    root = tmp_path_factory.mktemp(f"v13-{request.param}") / "tree"
+    shutil.copytree(release(request.param), root, copy_function=os.link)
+    code, report = patch(root, "--import-check", "on")
+    assert (code, report["outcome"]) == (0, "applied"), report
+    assert "touched modules import" in report["reason"], report
+    assert {c["change"]: c["status"] for c in report["changes"]} == {g.id: "applied" for g in GROUPS}
+    return request.param, root
+
+
+def test_the_fork_shape_carries_the_fork_era_text_v13_patches(release):
+    fork, stock = release("fork"), release("0.30.0")
+    for relative in (KPOOL_KERNELS, TAIL_CACHE, INDEXER):
+        assert (fork / relative).read_bytes() == (stock / relative).read_bytes(), relative
+    kernels = (fork / KPOOL_KERNELS).read_text()
+    assert "    blk = t // KPOOL  # t >= 0 here" in kernels
+    assert "    base = (blk * 2 * KPOOL + t % KPOOL) * HEAD_DIM\n" in kernels
+    text = (fork / INDEXER).read_text()
+    assert "def compute_kpool_tail_slot_mapping(" in text and "    return max_model_len * 40\n" in text
+
+
+def test_v13_is_then_already_applied_and_touches_only_its_files(patched, release):
+    base, root = patched
+    before = tree_digest(root)
+    code, report = patch(root)
+    assert (code, report["outcome"]) == (0, "already-applied"), report
+    assert tree_digest(root) == before
+    stock = tree_digest(release(base))
+    assert {n for n, d in before.items() if stock.get(n) != d} == V13_FILES
+
+
+def test_with_every_switch_off_the_patched_code_computes_what_v11_did(patched):
+    report = probe(patched[1], switches_on=False)
+    assert report["switches"] == {} and report["kpool_tail_fix"] is False
+    assert set(report["tail_block"].values()) == {4}  # kpool, whatever k or the block size
+    assert report["workspace_entries"] == 327_680 * 40
+    assert report["router_dtype"] == "torch.bfloat16"
+
+
+def test_with_the_switches_on(patched):
+    report = probe(patched[1], switches_on=True)
+    assert report["tail_block"]["k7-b2304"] == 16  # next power of two >= 7 + 4 - 1
+    assert report["tail_block"]["k4-b2304"] == report["tail_block"]["k5-b2304"] == 8
+    assert report["tail_block"]["k0-b2304"] == 4
+    refusal = report["tail_block"]["k7-b2300"]
+    assert refusal.startswith("ValueError: GLM53_KPOOL_TAIL_FIX=1: the kpool tail ring (16 slots")
+    assert "must divide the block size (2300)" in refusal
+    assert report["v2_slots"] == {"equal": True, "in_place": True, "padding_kept": True}
+    assert report["workspace_entries"] == 327_680
+    assert report["router_dtype"] == "torch.float32"
+
+
+def test_0_33_0_provides_the_ring_and_workspace_and_takes_the_router_switch(tree_copy):
+    root = tree_copy("0.33.0")
+    code, report = patch(root, "--import-check", "off")
+    assert (code, report["outcome"]) == (0, "applied"), report
+    changes = {c["change"]: c for c in report["changes"]}
+    assert changes["kpool-tail"]["status"] == "provided"
+    assert "PR #57477" in changes["kpool-tail"]["detail"]
+    assert "V2 runner's positions bug is not addressed" in changes["kpool-tail"]["detail"]
+    assert changes["indexer-ws"]["status"] == "provided"
+    assert "sparse_mla_prefill_workspace_factor" in changes["indexer-ws"]["detail"]
+    assert changes["router-fp32"]["status"] == "applied"
+    assert changes["router-fp32"]["file"] == "vllm/models/glm5next/common/model.py"
+    assert sorted(report["files"]) == ["vllm/glm53_v13_switches.py", "vllm/models/glm5next/common/model.py"]
+    before = tree_digest(root)
+    assert patch(root)[1]["outcome"] == "already-applied"
+    assert tree_digest(root) == before
+
+
+def test_0_27_1_has_no_glm5next(tree_copy):
+    code, report = patch(tree_copy("0.27.1"))
+    assert code == 3 and report["reason"].startswith("the base has no Glm5Next")
+
+
+@pytest.mark.parametrize("base", BASES)
+@pytest.mark.parametrize("relative, old, new, message", [
+    (KPOOL_KERNELS, "    blk = t // KPOOL  # t >= 0 here", "    blk = t // (KPOOL)  # t >= 0 here",
+     "expected 'blk = t // KPOOL  # t >= 0 here' 1 time(s), found it 0"),
+    (INDEXER, "    return max_model_len * 40\n", "    return max_model_len * 41\n",
+     "expected 'return max_model_len * 40' 1 time(s), found it 0"),
+])
+def test_drift_is_refused_and_the_tree_is_unchanged(tree_copy, base, relative, old, new, message):
+    root = tree_copy(base)
+    target = root / relative
+    text = target.read_text()
+    assert text.count(old) == 1
+    os.unlink(target)
+    target.write_text(text.replace(old, new))
+    before = tree_digest(root)
+    code, report = patch(root)
+    assert code == 3 and report["outcome"] == "refused"
+    assert message in report["reason"] and len(report["reason"].splitlines()) == 1
+    assert tree_digest(root) == before
+
+
+def test_a_partly_patched_group_is_refused(tree_copy):
+    root = tree_copy("0.30.0")
+    assert patch(root, "--import-check", "off")[0] == 0
+    target = root / KPOOL_KERNELS
+    text = target.read_text()
+    os.unlink(target)
+    target.write_text(text.replace("        phys_slot = safe_pos % RING\n", "        phys_slot = safe_pos % POOL_SIZE\n"))
+    before = tree_digest(root)
+    code, report = patch(root)
+    assert code == 3 and "kpool-tail" in report["reason"] and "partly in the tree" in report["reason"]
+    assert tree_digest(root) == before
