@@ -147,3 +147,16 @@ def test_a_partly_patched_group_is_refused(tree_copy):
     code, report = patch(root)
     assert code == 3 and "kpool-tail" in report["reason"] and "partly in the tree" in report["reason"]
     assert tree_digest(root) == before
+
+
+def test_image_v13s_patchers_apply_on_the_fork_shape_after_v9_v10_v11(tree_copy):
+    """What docker/Dockerfile.sm121-v13 runs on the fork chain: v13, then v13_weights, on a
+    tree that v9, v10 and v11 patched first (v13_weights refuses the bare fork shape: its
+    drafter group needs v9's qwen3_dflash2.py)."""
+    root = tree_copy("fork")
+    for layer in ("v9", "v10", "v11", "v13", "v13_weights"):
+        result = run_script("scripts/patch-layer", layer, "--root", str(root), "--json", "--import-check", "off")
+        report = json.loads(result.stdout)
+        assert (result.returncode, report["outcome"]) == (0, "applied"), (layer, report)
+    dockerfile = (REPO_ROOT / "docker" / "Dockerfile.sm121-v13").read_text()
+    assert 'apply-layer.py", "v13", "v13_weights"]' in dockerfile
