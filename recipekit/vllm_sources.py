@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
 
 from recipekit.pinned_wheels import (
@@ -34,6 +35,7 @@ WHEEL_SHA256 = {
 WHEEL_PLATFORM = "manylinux_2_28_x86_64"
 WHEEL_PYTHON = "3.12"
 FORK = "fork"
+STALE_STANDIN_S = 24 * 3600  # a fork-shaped stand-in of other inputs is removed after this
 
 
 def known_trees() -> list[str]:
@@ -73,8 +75,10 @@ def fork_tree(log=lambda message: None) -> Path:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         for older in tree.parent.glob(f"{FORK}-*"):
-            if older != tree and (older / DONE_MARKER).is_file():
-                shutil.rmtree(older, ignore_errors=True)  # a stand-in of older inputs
+            # A stand-in of other inputs goes only after a day: another checkout may use it now.
+            if older != tree and (older / DONE_MARKER).is_file() and (
+                    time.time() - (older / DONE_MARKER).stat().st_mtime > STALE_STANDIN_S):
+                shutil.rmtree(older, ignore_errors=True)
                 log(f"removed {older.name} (a fork-shaped stand-in of older inputs)")
     return tree
 
