@@ -16,15 +16,15 @@ def with_new_knobs():
     """recipe.toml plus the example lever of docs/recipe.md and a new `vllm serve` flag."""
     data = tomllib.loads(recipe.RECIPE_PATH.read_text())
     data["sources"]["seed-v13"] = {"title": "the seed's v13 layer"}
-    data["knobs"]["KPOOL_TAIL_FIX"] = {
-        "type": "flag", "default": 1, "env": ["GLM53_KPOOL_TAIL_FIX"],
-        "sets": "`1`: the sparse indexer's tail ring fixed (layer v13)",
-        "why": "needles 3/3 at 8k, 32k, 128k; speed within noise", "source": "seed-v13"}
+    data["knobs"]["EXAMPLE_LEVER"] = {
+        "type": "flag", "default": 1, "env": ["GLM53_EXAMPLE_LEVER"],
+        "sets": "`1`: an image layer's example switch on",
+        "why": "the example of docs/recipe.md", "source": "seed-v13"}
     data["knobs"]["MAX_NUM_BATCHED_TOKENS"] = {
         "type": "int", "min": 1, "max": 1048576, "optional": True, "default": "",
         "flag": ["--max-num-batched-tokens"], "sets": "`--max-num-batched-tokens`",
         "why": "vLLM's own default", "source": "vllm"}
-    data["profiles"]["seed-pr"]["KPOOL_TAIL_FIX"] = 0
+    data["profiles"]["seed-pr"]["EXAMPLE_LEVER"] = 0
     return recipe.parse(data)
 
 
@@ -45,8 +45,8 @@ def sealed_path(tmp_path, monkeypatch):
 def test_the_new_variable_reaches_every_rank(tmp_path):
     launch, _ = dry_run_text(tmp_path, with_new_knobs(), **PINNED)
     for rank in plan.rank_plans(launch):
-        assert rank.env["GLM53_KPOOL_TAIL_FIX"] == "1"
-        assert rank.options[-1] == ("--env", "GLM53_KPOOL_TAIL_FIX=1")  # after the link's
+        assert rank.env["GLM53_EXAMPLE_LEVER"] == "1"
+        assert rank.options[-1] == ("--env", "GLM53_EXAMPLE_LEVER=1")  # after the link's
         assert "--max-num-batched-tokens" not in rank.serve  # optional and empty: left out
 
 
@@ -60,12 +60,12 @@ def test_the_new_flag_is_passed_as_is(tmp_path):
 
 
 @pytest.mark.parametrize("settings, line", [
-    ({"KPOOL_TAIL_FIX": "2"}, "refused: KPOOL_TAIL_FIX=2: accepted: 0 | 1"),
+    ({"EXAMPLE_LEVER": "2"}, "refused: EXAMPLE_LEVER=2: accepted: 0 | 1"),
     ({"MAX_NUM_BATCHED_TOKENS": "0"},
      "refused: MAX_NUM_BATCHED_TOKENS=0: accepted: an integer 1..1048576"),
-    ({"EXTRA_ENV": "GLM53_KPOOL_TAIL_FIX=0"},
-     "refused: EXTRA_ENV=GLM53_KPOOL_TAIL_FIX=0: the launcher sets GLM53_KPOOL_TAIL_FIX: set "
-     "from KPOOL_TAIL_FIX; set that instead"),
+    ({"EXTRA_ENV": "GLM53_EXAMPLE_LEVER=0"},
+     "refused: EXTRA_ENV=GLM53_EXAMPLE_LEVER=0: the launcher sets GLM53_EXAMPLE_LEVER: set "
+     "from EXAMPLE_LEVER; set that instead"),
     ({"EXTRA_ARGS": "--max-num-batched-tokens 1"},
      "refused: EXTRA_ARGS=--max-num-batched-tokens 1: --max-num-batched-tokens would override "
      "--max-num-batched-tokens, which the launcher sets: set from MAX_NUM_BATCHED_TOKENS; set "
@@ -82,10 +82,10 @@ def test_seed_pr_still_prints_the_saved_dry_run(tmp_path):
     assert text == fixture("seed-pr")
     # ... and the default profile, with the lever on, does not.
     _, text = dry_run_text(tmp_path, with_new_knobs())
-    assert text != fixture("defaults") and "GLM53_KPOOL_TAIL_FIX=1" in text
+    assert text != fixture("defaults") and "GLM53_EXAMPLE_LEVER=1" in text
 
 
 def test_the_new_knobs_are_in_the_rendered_tables():
     table = render.knobs_table(with_new_knobs())
-    assert "| `KPOOL_TAIL_FIX` | `1` | `0` \\| `1` | `GLM53_KPOOL_TAIL_FIX` |" in table
+    assert "| `EXAMPLE_LEVER` | `1` | `0` \\| `1` | `GLM53_EXAMPLE_LEVER` |" in table
     assert "| `MAX_NUM_BATCHED_TOKENS` | — | 1..1048576 | `--max-num-batched-tokens` |" in table
