@@ -273,6 +273,26 @@ def test_the_critical_value_is_chi_squares():
     assert abs(_chi_square_3df_tail(CRITICAL_3DF) - ALPHA) < 1e-12
 
 
+@pytest.mark.parametrize("base", ["released", "v9"])
+def test_the_draft_and_the_resample_draw_at_one_seed_position_and_keys(salted, release, base):
+    """What the probe assumes of the call sites: DFlash2's walk draws a draft for position Q
+    at Q - 1 keyed by the candidates' token ids, and the resample at the verifier's pos
+    (the predecessor's, Q - 1) keyed by token ids (`block`), both with the request's seed."""
+    root = release("0.28.0") if base == "released" else salted["0.28.0"][0]
+    v1 = root / "vllm/v1/worker/gpu"
+    walk = (v1 / "spec_decode/dflash2/speculator.py").read_text()
+    assert "position = tl.load(sample_pos_ptr + flat) - 1" in walk
+    assert "gumbel_noised_argmax(\n            scores,\n            candidates,\n" in walk
+    assert "seed = tl.load(seeds_ptr + req_state, mask=valid, other=0)" in walk
+    dflash = (v1 / "spec_decode/dflash/speculator.py").read_text()
+    assert "verification keys\n        # Gumbel by the predecessor (Q-1)" in dflash
+    resample = (v1 / "spec_decode/rejection_sampler_utils.py").read_text()
+    assert "gumbel_block_argmax(\n        residual_logits,\n        block,\n" in resample
+    gumbel = (v1 / "sample/gumbel.py").read_text()
+    assert "seed = tl.load(seeds_ptr + req_state_idx, mask=is_valid_req, other=0)" in gumbel
+    assert "pos = tl.load(pos_ptr + token_idx)" in gumbel
+
+
 def test_without_the_salt_a_draft_and_its_resample_draw_the_same_noise(noise_streams):
     released = noise_streams["released"]
     assert released["salted"] is False

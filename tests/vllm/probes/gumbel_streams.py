@@ -4,7 +4,10 @@ tree's `v1/worker/gpu/sample/gumbel.py`, and what they do to probabilistic draft
     python gumbel_streams.py TREE REQUEST.json
 
 gumbel.py is loaded from TREE by file, with `vllm.triton_utils` stood in by real Triton
-and a numpy log1p for libdevice's (the rest of vLLM is not imported). REQUEST: {"seeds": N, "pos": P, "p": [...], "q": [...]}.
+and a numpy log1p for libdevice's (the rest of vLLM is not imported). REQUEST:
+{"seeds": N, "noise_seeds": M, "pos": P, "p": [...], "q": [...]}; seeds are 1..N. Both
+draws of a step take the same seed, position and keys (token ids), as DFlash2's selector
+walk and the rejection sampler's resample do (checked on the trees' sources by the test).
 Prints one JSON line:
 
 - "target_noise", "draft_noise": [seed][key] the Gumbel noise `gumbel_noised_argmax` adds,
