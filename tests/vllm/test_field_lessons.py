@@ -294,6 +294,9 @@ def test_the_draft_and_the_resample_draw_at_one_seed_position_and_keys(salted, r
 
 
 def test_without_the_salt_a_draft_and_its_resample_draw_the_same_noise(noise_streams):
+    """0.28.0's gumbel_noised_argmax has no IS_DRAFTING, so a draft and a resample at one
+    (seed, pos, keys), which the source check above shows they share, are one call: this
+    confirms it at run time; the v9 and chi-square tests below are the ones that can differ."""
     released = noise_streams["released"]
     assert released["salted"] is False
     assert released["draft_noise"] == released["target_noise"]
