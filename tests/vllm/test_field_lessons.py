@@ -2,7 +2,11 @@
 
 - #54282 (the salted draft Gumbel stream, in 0.30.0): v9 carries it onto 0.28.0 and the
   fork shape, generated from 0.30.0 and pinned; every call of vLLM's Gumbel samplers in
-  the patched tree says whether it drafts, drafts saying yes and the target no.
+  the patched tree says whether it drafts, drafts saying yes and the target no. On the
+  noise itself (tests/vllm/probes/gumbel_streams.py, the trees' own gumbel.py in Triton's
+  interpreter): 0.28.0 as released gives a draft the target's noise, v9 gives it its own
+  and leaves the target's as it was, and one speculative step's tokens fit the target's
+  distribution (chi-square, alpha 0.001) with v9 and not without.
 - #54374 (FlashAttention's ahead-of-time split schedule off for a sliding-window DFlash
   drafter, in 0.30.0's DFlash speculator): not carried, because on sm_121 the path cannot
   be taken: FlashAttentionMetadataBuilder schedules ahead of time only under FA3, and
@@ -11,15 +15,17 @@
 
 import ast
 import json
+import math
 import os
 import shutil
+import subprocess
 import sys
 import types
 
 import pytest
 
 from recipekit.backport import load_manifest, salt_diff_file_name, salt_shapes, sha256_text
-from tests.vllm.conftest import run_script, tree_digest
+from tests.vllm.conftest import REPO_ROOT, run_script, tree_digest
 
 GUMBEL_CALLS = {"gumbel_sample": "is_drafting", "gumbel_block_argmax": "IS_DRAFTING",
                 "gumbel_noised_argmax": "IS_DRAFTING"}
@@ -213,3 +219,106 @@ def test_54374s_path_is_unreachable_on_sm_121(release, monkeypatch, version):
         assert _flash_attn_version(root, monkeypatch, 12, 1, configured) != 3, configured
     # The same function does pick FA3 on Hopper: the check above can fail.
     assert _flash_attn_version(root, monkeypatch, 9, 0, None) == 3
+
+
+# --- #54282 on the noise itself -------------------------------------------------------
+
+GUMBEL_STREAMS = REPO_ROOT / "tests/vllm/probes/gumbel_streams.py"
+# One speculative step's target p and draft q, chosen (by simulation) so that a draft and
+# a resample sharing one noise vector move 0.066 of p's mass from token 1 to token 0
+# (biased [0.366, 0.484, 0.070, 0.080]); every expected count is >= 140 at N = 2000.
+STEP_P = [0.30, 0.55, 0.07, 0.08]
+STEP_Q = [0.01, 0.37, 0.22, 0.40]
+STEP_SEEDS = 2000  # seeds 1..N: the verdict is a fixed number, the same on every run
+ALPHA = 0.001
+# chi-square's upper ALPHA point with 3 degrees of freedom (checked below by its closed form)
+CRITICAL_3DF = 16.266236196238129
+
+
+def _chi_square_3df_tail(x: float) -> float:
+    """P(X > x) for a chi-square X with 3 degrees of freedom."""
+    return math.erfc(math.sqrt(x / 2)) + math.sqrt(2 * x / math.pi) * math.exp(-x / 2)
+
+
+def _streams(label, root, tmp_path):
+    request = tmp_path / f"request-{label}.json"
+    request.write_text(json.dumps({"seeds": STEP_SEEDS, "noise_seeds": 8, "pos": 17,
+                                   "p": STEP_P, "q": STEP_Q}))
+    result = subprocess.run([sys.executable, str(GUMBEL_STREAMS), str(root), str(request)],
+                            capture_output=True, text=True, timeout=900, check=False,
+                            env={**os.environ, "TRITON_INTERPRET": "1",
+                                 "PYTHONDONTWRITEBYTECODE": "1"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["gumbel_file"].startswith(str(root))
+    return report
+
+
+def _chi_square(tokens: list[int]) -> float:
+    n = len(tokens)
+    counts = [tokens.count(token) for token in range(len(STEP_P))]
+    assert sum(counts) == n
+    return sum((c - n * p) ** 2 / (n * p) for c, p in zip(counts, STEP_P))
+
+
+@pytest.fixture(scope="module")
+def noise_streams(salted, release, tmp_path_factory):
+    """The probe's report on 0.28.0 as released and on 0.28.0 with v9."""
+    out = tmp_path_factory.mktemp("gumbel-streams")
+    return {"released": _streams("released", release("0.28.0"), out),
+            "v9": _streams("v9", salted["0.28.0"][0], out)}
+
+
+def test_the_critical_value_is_chi_squares():
+    assert abs(_chi_square_3df_tail(CRITICAL_3DF) - ALPHA) < 1e-12
+
+
+@pytest.mark.parametrize("base", ["released", "v9"])
+def test_the_draft_and_the_resample_draw_at_one_seed_position_and_keys(salted, release, base):
+    """What the probe assumes of the call sites: DFlash2's walk draws a draft for position Q
+    at Q - 1 keyed by the candidates' token ids, and the resample at the verifier's pos
+    (the predecessor's, Q - 1) keyed by token ids (`block`), both with the request's seed."""
+    root = release("0.28.0") if base == "released" else salted["0.28.0"][0]
+    v1 = root / "vllm/v1/worker/gpu"
+    walk = (v1 / "spec_decode/dflash2/speculator.py").read_text()
+    assert "position = tl.load(sample_pos_ptr + flat) - 1" in walk
+    assert "gumbel_noised_argmax(\n            scores,\n            candidates,\n" in walk
+    assert "seed = tl.load(seeds_ptr + req_state, mask=valid, other=0)" in walk
+    dflash = (v1 / "spec_decode/dflash/speculator.py").read_text()
+    assert "verification keys\n        # Gumbel by the predecessor (Q-1)" in dflash
+    resample = (v1 / "spec_decode/rejection_sampler_utils.py").read_text()
+    assert "gumbel_block_argmax(\n        residual_logits,\n        block,\n" in resample
+    gumbel = (v1 / "sample/gumbel.py").read_text()
+    assert "seed = tl.load(seeds_ptr + req_state_idx, mask=is_valid_req, other=0)" in gumbel
+    assert "pos = tl.load(pos_ptr + token_idx)" in gumbel
+
+
+def test_without_the_salt_a_draft_and_its_resample_draw_the_same_noise(noise_streams):
+    """0.28.0's gumbel_noised_argmax has no IS_DRAFTING, so a draft and a resample at one
+    (seed, pos, keys), which the source check above shows they share, are one call: this
+    confirms it at run time; the v9 and chi-square tests below are the ones that can differ."""
+    released = noise_streams["released"]
+    assert released["salted"] is False
+    assert released["draft_noise"] == released["target_noise"]
+
+
+def test_with_the_salt_the_draft_stream_is_apart_and_the_targets_unchanged(noise_streams):
+    released, v9 = noise_streams["released"], noise_streams["v9"]
+    assert v9["salted"] is True
+    # the target's sampler and resampler draw exactly what 0.28.0 drew: undrafted sampling
+    # is untouched by v9
+    assert v9["target_noise"] == released["target_noise"]
+    draft = [x for row in v9["draft_noise"] for x in row]
+    target = [x for row in v9["target_noise"] for x in row]
+    assert all(d != t for d, t in zip(draft, target))
+
+
+def test_one_speculative_step_is_lossless_with_the_salt_and_biased_without(noise_streams):
+    """The token one step emits, over seeds 1..N, against the target's own p (float64):
+    chi-square at ALPHA = 0.001. Without the salt the expected statistic is about 47
+    (noncentrality N * 0.0225); the test's power against that bias is 0.997 (simulated:
+    20,000 multinomial draws of N from the biased distribution)."""
+    with_salt = _chi_square(noise_streams["v9"]["tokens"])
+    without = _chi_square(noise_streams["released"]["tokens"])
+    assert with_salt < CRITICAL_3DF, f"v9: chi-square {with_salt:.2f} >= {CRITICAL_3DF:.2f}"
+    assert without > CRITICAL_3DF, f"0.28.0: chi-square {without:.2f} <= {CRITICAL_3DF:.2f}"
