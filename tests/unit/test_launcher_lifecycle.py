@@ -29,7 +29,9 @@ HEAD, WORKER = NODES[0], NODES[1]
 IMAGE = "glm53-sm121-v11"
 IMAGE_ID = "sha256:" + "1" * 64
 FAKE_CURL = """#!/bin/sh
-# Answers once FAKE_CURL_READY_AFTER polls were made; never when it is unset.
+# Answers once FAKE_CURL_READY_AFTER polls were made; never when it is unset. Each poll's
+# Unix time goes to curl-times.
+date +%s.%N >>"$FAKE_DOCKER_STATE/curl-times"
 count_file="$FAKE_DOCKER_STATE/curl-count"
 count=$(( $(cat "$count_file" 2>/dev/null || echo 0) + 1 ))
 echo "$count" >"$count_file"
@@ -349,8 +351,19 @@ def test_memory_guard_stops_every_rank_when_a_node_dips_under_the_phase_floor(tm
     set_meminfo(meminfo["FAKE_MEMINFO_DIR"] / WORKER, 7.5)  # profile floor: 8 GiB
     dipped = time.monotonic()
     stdout, stderr = process.communicate(timeout=HANG_GUARD_S)
-    assert time.monotonic() - dipped < 5
+    # Stopped at once, judged by the records: the worker's first sample under the floor is
+    # its last, and at most the one API poll under way then began after it (a wait that
+    # slept through the guard would poll on). The wall bound only tells this apart from
+    # waiting READY_TIMEOUT (7200 s): idle it takes under a second, beside two busy loops
+    # at nice 10 it took 5.9 s, so 60 s.
+    assert time.monotonic() - dipped < 60
     assert process.returncode == 1
+    worker_rows = [row for row in samples(tmp_path) if row["node"] == WORKER]
+    first_low = next(i for i, row in enumerate(worker_rows)
+                     if int(row["mem_available_bytes"]) < 8 << 30)
+    assert first_low == len(worker_rows) - 1, worker_rows[first_low:]
+    polls = [float(t) for t in (state / "curl-times").read_text().split()]
+    assert sum(t > float(worker_rows[first_low]["time_unix"]) for t in polls) <= 1, polls
     run_dir = next((tmp_path / "runs").iterdir())
     assert stderr.splitlines()[-1] == (
         f"glm53: memory guard: {WORKER} has MemAvailable 7.50 GiB ({int(7.5 * (1 << 30))} bytes), "
