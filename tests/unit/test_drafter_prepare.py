@@ -11,6 +11,7 @@ import torch
 
 from recipekit.drafters import catalog
 from recipekit.drafters.cli import main
+from tests.timing import HANG_GUARD_S
 from tests.unit.test_drafter_synthetic import (
     G_COMMIT,
     G_TAPS,
@@ -281,7 +282,7 @@ def test_the_script_prints_exactly_one_json_object(tmp_path):
         check=False,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_GUARD_S,
         env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"},
     )
     assert result.returncode == 0, result.stderr

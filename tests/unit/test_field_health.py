@@ -15,6 +15,7 @@ import time
 import pytest
 
 from tests.fakes import fake_vllm
+from tests.timing import HANG_GUARD_S
 from tests.unit.test_launcher_lifecycle import HEAD, WORKER, make_cluster, plant_meminfo, serve
 from tests.unit.test_launcher_support import FAKE_SSH, run
 
@@ -60,12 +61,18 @@ def get(port, path):
 
 
 def test_the_fake_loses_its_engine_behind_a_live_model_list():
-    process, port = start_fake("--engine-dies-after", "0.5", "--api-outlives-engine", "1.5")
+    """Windows of seconds, not a fixed sleep: each state is read while it holds (two curls
+    beside two busy loops at nice 10 take a fraction of the 2 s and 3 s given), and the
+    change is waited for, not slept through."""
+    process, port = start_fake("--engine-dies-after", "2", "--api-outlives-engine", "3")
     try:
         assert (get(port, "/health"), get(port, "/v1/models")) == ("200", "200")
-        time.sleep(0.8)
-        assert (get(port, "/health"), get(port, "/v1/models")) == ("503", "200")
-        assert process.wait(timeout=10) == 1  # then the API server exits, as vLLM's does
+        deadline = time.monotonic() + HANG_GUARD_S
+        while (health := get(port, "/health")) == "200":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert (health, get(port, "/v1/models")) == ("503", "200")
+        assert process.wait(timeout=HANG_GUARD_S) == 1  # then the API server exits, as vLLM's does
     finally:
         stop_fake(process)
 
@@ -73,7 +80,8 @@ def test_the_fake_loses_its_engine_behind_a_live_model_list():
 def test_the_wait_never_reports_ready_when_the_engine_dies_as_the_api_comes_up(tmp_path):
     state = make_cluster(tmp_path)
     real_curl(tmp_path)
-    process, port = start_fake("--engine-dies-after", "0", "--api-outlives-engine", "60")
+    # The API outlives its engine for as long as both runs take, however loaded the machine.
+    process, port = start_fake("--engine-dies-after", "0", "--api-outlives-engine", str(HANG_GUARD_S))
     try:
         result = serve(tmp_path, state, PORT=port, READY_TIMEOUT=4, SPEC="off")
         assert result.returncode != 0
@@ -102,9 +110,12 @@ def test_a_healthy_server_is_ready_after_two_healthy_polls(tmp_path):
         stop_fake(process)
 
 
-def test_doctor_reports_the_rank_down_within_5_s_of_the_engine_dying(tmp_path):
+def test_doctor_reports_the_rank_down_while_the_api_outlives_its_engine(tmp_path):
+    """Judged by an order of events, not a 5 s bound (a doctor run takes 1.3 s idle and
+    ten times that beside two busy loops at nice 10): the doctor said down from its one
+    /health read while the dead engine's API still answered, and before that API exited."""
     state = make_cluster(tmp_path)
-    process, port = start_fake("--api-outlives-engine", "30")
+    process, port = start_fake("--api-outlives-engine", str(HANG_GUARD_S))
     try:
         started = serve(tmp_path, state, PORT=port, SPEC="off", FAKE_CURL_READY_AFTER=1)
         assert started.returncode == 0, started.stderr
@@ -113,12 +124,11 @@ def test_doctor_reports_the_rank_down_within_5_s_of_the_engine_dying(tmp_path):
                     "SSH": str(FAKE_SSH), **plant_meminfo(tmp_path)}
         assert run(tmp_path, script="scripts/doctor", **settings).returncode == 0  # engine up
         process.send_signal(signal.SIGUSR1)  # the engine core is killed
-        died = time.monotonic()
         result = run(tmp_path, script="scripts/doctor", **settings)
-        assert time.monotonic() - died < 5
         assert result.returncode == 6, result.stdout
         assert "/health answers 503: the engine is down" in result.stdout
         assert get(port, "/v1/models") == "200"  # what the PR-era doctor read
+        assert process.poll() is None  # the API had not gone: /health alone told it down
     finally:
         stop_fake(process)
 

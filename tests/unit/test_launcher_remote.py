@@ -9,6 +9,7 @@ import pytest
 
 from launcher.remote import Nodes
 from launcher.words import quote
+from tests.timing import HANG_GUARD_S
 from tests.unit.test_launcher_support import FAKE_SSH, REPO
 
 AWKWARD_VALUES = [
@@ -22,7 +23,7 @@ def on_worker(*words):
     """What arrives on the worker when the launcher runs `printf '%s\\0' WORDS...` there."""
     nodes = Nodes(("192.0.2.1", "192.0.2.2"), (str(FAKE_SSH), "-o", "BatchMode=yes"))
     result = subprocess.run(nodes.argv(1, ["printf", "%s\\0", *words]), capture_output=True,
-                            timeout=30, check=True)
+                            timeout=HANG_GUARD_S, check=True)
     return result.stdout.decode().split("\0")[:-1]
 
 
@@ -46,5 +47,5 @@ def test_scripts_are_shellcheck_clean():
     scripts = [REPO / "run.sh", REPO / "stop.sh", REPO / "scripts" / "doctor",
                REPO / "tests" / "fakes" / "fake-ssh"]
     result = subprocess.run([shellcheck, "--external-sources", *map(str, scripts)],
-                            cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+                            cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S, check=False)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.timing import HANG_GUARD_S
+
 REPO = Path(__file__).resolve().parents[2]
 FAKE_SSH = REPO / "tests" / "fakes" / "fake-ssh"
 NODES = ("192.0.2.1", "192.0.2.2", "192.0.2.3", "192.0.2.4")
@@ -60,10 +62,14 @@ def launcher_env(tmp_path, nodes=2, **settings):
 
 
 def run(tmp_path, script="run.sh", nodes=2, **settings):
-    return subprocess.run(
-        [str(REPO / script)], env=launcher_env(tmp_path, nodes, **settings),
-        capture_output=True, text=True, timeout=60, cwd=tmp_path, check=False,
-    )
+    try:
+        return subprocess.run(
+            [str(REPO / script)], env=launcher_env(tmp_path, nodes, **settings),
+            capture_output=True, text=True, timeout=HANG_GUARD_S, cwd=tmp_path, check=False,
+        )
+    except subprocess.TimeoutExpired as hung:
+        raise AssertionError(f"{script} still ran after {HANG_GUARD_S} s (hung); stderr so far: "
+                             f"{hung.stderr!r}") from None
 
 
 def dry_run(tmp_path, nodes=2, **settings):

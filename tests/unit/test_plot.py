@@ -13,6 +13,7 @@ from PIL import Image
 
 from bench import bench_decode, plot
 from tests.fakes import fake_vllm
+from tests.timing import HANG_GUARD_S
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -211,6 +212,6 @@ def test_the_command_runs_as_a_script(tmp_path):
     _memory_csv(path)
     result = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "plot.py"), str(path),
                              "-o", str(tmp_path / "boot.png")], cwd="/", capture_output=True,
-                            text=True, check=False, timeout=120)
+                            text=True, check=False, timeout=HANG_GUARD_S)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "boot.png").read_bytes()[:8] == PNG_SIGNATURE

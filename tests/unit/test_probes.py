@@ -15,6 +15,7 @@ import pytest
 
 from bench import probes
 from tests.fakes import fake_vllm
+from tests.timing import HANG_GUARD_S
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FAST = ("--answer-probes", "--step-seconds", "0.0005", "--ttft-seconds", "0.005")
@@ -337,7 +338,7 @@ def test_the_command_runs_as_a_script_with_json_on_stdout():
         result = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "probes.py"),
                                  "--base-url", fake.url, "--only", "thinking_off,tool_call",
                                  "--json"], cwd="/", capture_output=True, text=True,
-                                check=False, timeout=60)
+                                check=False, timeout=HANG_GUARD_S)
     doc = json.loads(result.stdout)
     assert result.returncode == 1 and doc["failed"] == ["thinking_off"]
     assert doc["probes"]["tool_call"]["passed"]

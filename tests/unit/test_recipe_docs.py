@@ -11,6 +11,7 @@ import tomllib
 import pytest
 
 from launcher import recipe, render
+from tests.timing import HANG_GUARD_S
 from tests.unit.test_launcher_support import REPO
 
 DOCS = ["README.md", *sorted(str(path.relative_to(REPO)) for path in (REPO / "docs").glob("*.md"))]
@@ -38,7 +39,7 @@ def test_a_changed_default_makes_the_render_stale():
 
 def test_render_docs_check_agrees():
     result = subprocess.run([sys.executable, str(REPO / "scripts" / "render-docs"), "--check"],
-                            capture_output=True, text=True, timeout=60, check=False)
+                            capture_output=True, text=True, timeout=HANG_GUARD_S, check=False)
     assert result.returncode == 0, result.stderr
 
 
