@@ -69,18 +69,23 @@ def patch_on_host(root: Path, layer: str, *extra: str) -> dict:
 
 
 def backport_pins_sha256() -> str:
-    """What build.sh labels glm53.backport.sha256: the hash of every base shape's pin."""
-    pins = json.loads((REPO_ROOT / "patches" / "v9" / "manifest.json").read_text())["diff_sha256"]
-    text = "".join(f"{shape} {pin}\n" for shape, pin in sorted(pins.items()))
+    """What build.sh labels glm53.backport.sha256: the hash of every v9 diff's pin (DFlash2 per
+    base shape, the draft-noise salt per salt shape)."""
+    manifest = json.loads((REPO_ROOT / "patches" / "v9" / "manifest.json").read_text())
+    pins = {f"dflash2-{shape}": pin for shape, pin in manifest["diff_sha256"].items()}
+    pins |= {f"draft-noise-salt-{shape}": pin for shape, pin in manifest["draft_noise_salt"]["diff_sha256"].items()}
+    text = "".join(f"{name} {pin}\n" for name, pin in sorted(pins.items()))
     return hashlib.sha256(text.encode()).hexdigest()
 
 
 def backport_diff(prefix: str) -> Path:
-    """The directory of v9 diffs (one per base shape) build.sh generated."""
+    """The directory of v9 diffs (DFlash2 per base shape, the salt per salt shape) build.sh
+    generated."""
     sha = labels(tag(prefix, "v9"))["glm53.backport.sha256"]
     path = REPO_ROOT / "build" / "backport" / sha[:16]
     assert sorted(p.name for p in path.glob("*.diff")) == [
         "dflash2-logits-cache.diff", "dflash2-no-logits-cache.diff",
+        "draft-noise-salt-logits-cache.diff", "draft-noise-salt-release.diff",
     ], f"{path} lacks the diffs build.sh generated"
     return path
 
@@ -88,7 +93,7 @@ def backport_diff(prefix: str) -> Path:
 def test_chain_on_0300_standin_builds_every_layer_with_labels(chain_0300):
     prefix, base, run = chain_0300
     assert run.returncode == 0, run.output
-    expected = {"v9": "provided-by-base", "v10": "applied", "v11": "applied"}
+    expected = {"v9": "provided-by-base", "v10": "applied", "v11": "applied", "v13": "applied"}
     parent = image_id(base)
     patch_hashes = set()
     for layer, outcome in expected.items():
@@ -104,10 +109,17 @@ def test_chain_on_0300_standin_builds_every_layer_with_labels(chain_0300):
         patch_hashes.add(found["glm53.patch.sha256"])
         assert f"{layer}: {outcome}: tagged {tag(prefix, layer)}" in run.output
         parent = image_id(tag(prefix, layer))
-    assert len(patch_hashes) == 3, "each layer carries its own patch hash"
+    assert len(patch_hashes) == 4, "each layer carries its own patch hash"
     assert labels(tag(prefix, "v11"))["glm53.chain"] == (
         "v9=provided-by-base v10=applied v11=applied"
     )
+    assert labels(tag(prefix, "v13"))["glm53.chain"] == (
+        "v9=provided-by-base v10=applied v11=applied v13=applied"
+    )
+    # Image v13 ran v13_weights after v13 (docker/Dockerfile.sm121-v13), its record beside v13's.
+    weights = docker("run", "--rm", "--network", "none", "--entrypoint", "cat", tag(prefix, "v13"),
+                     "/opt/glm53-recipe/build-record/v13_weights.json").stdout
+    assert json.loads(weights)["outcome"] == "applied", weights
     assert labels(tag(prefix, "v10"))["glm53.files"].split(",") == [
         "vllm/models/glm5next/nvidia/model.py",
         "vllm/models/glm5next/nvidia/mhc_aux_capture.py",
@@ -217,13 +229,14 @@ def test_check_prints_the_plan_and_builds_nothing(chain_0300, session_prefix):
     assert first.returncode == 0, first.output
     up_to_date = run_build(prefix, "--from", "v9", "--base", base, "--check")
     assert up_to_date.returncode == 0, up_to_date.output
-    assert up_to_date.output.count("up to date:") == 3
+    assert up_to_date.output.count("up to date:") == 4
     fresh = session_prefix("check")
     plan = run_build(fresh, "--from", "v9", "--base", base, "--check")
     assert plan.returncode == 0, plan.output
     assert f"v9: would build {tag(fresh, 'v9')} on {base}" in plan.output
     assert f"v10: would build {tag(fresh, 'v10')} after v9" in plan.output
     assert f"v11: would build {tag(fresh, 'v11')} after v9" in plan.output
+    assert f"v13: would build {tag(fresh, 'v13')} after v9" in plan.output
     assert "nothing was built" in plan.output
     assert all(image_id(tag(fresh, layer)) is None for layer in LAYERS)
 
