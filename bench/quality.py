@@ -42,6 +42,7 @@ if __package__ in (None, ""):  # run as a script: make the `bench` package impor
 
 import aiohttp
 
+from bench.bench_decode import BenchError, server_identity
 from bench.divergence import PositionScore, Totals, score_position
 from bench.greedy import GreedyOutput, ReceiptError, compare_outputs
 from bench.progress import BenchProgress
@@ -99,16 +100,13 @@ async def _post(session: aiohttp.ClientSession, url: str, path: str, body: dict)
 
 
 async def server_model(session: aiohttp.ClientSession, url: str, model: str | None) -> str:
-    if model:
-        return model
+    """The model the server at URL serves, after the bench's preflight (/health, then
+    /v1/models)."""
     try:
-        async with session.get(url + "/v1/models") as reply:
-            listed = [m["id"] for m in (await reply.json()).get("data", [])]
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, TypeError) as exc:
-        raise QualityError(f"GET {url}/v1/models failed ({exc!r}): is it up?") from exc
-    if len(listed) != 1:
-        raise QualityError(f"{url} serves {listed or 'no model'}: pass --model")
-    return listed[0]
+        served, _, _ = await server_identity(session, url, model)
+    except BenchError as exc:
+        raise QualityError(str(exc)) from exc
+    return served
 
 
 async def server_version(session: aiohttp.ClientSession, url: str) -> str | None:

@@ -31,6 +31,7 @@ if __package__ in (None, ""):  # run as a script: make the `bench` package impor
 
 import aiohttp
 
+from bench.bench_decode import BenchError, server_identity
 from bench.greedy import (
     VERDICT_IDENTICAL,
     VERDICT_NEAR_TIE,
@@ -69,18 +70,13 @@ def load_prompts(path: str | None) -> list[str]:
 
 
 async def _model_of(session: aiohttp.ClientSession, url: str, model: str | None) -> str:
-    if model:
-        return model
+    """The model the server at URL serves, after the bench's preflight (/health, then
+    /v1/models: vLLM's model list answers for seconds after its engine died)."""
     try:
-        async with session.get(url + "/v1/models") as reply:
-            ids = [m["id"] for m in (await reply.json(content_type=None))["data"]]
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, TypeError) as exc:
-        raise ReceiptError(f"cannot read the model list at {url}/v1/models ({exc!r}): is the "
-                           f"server up? pass --model to skip") from exc
-    if len(ids) != 1:
-        raise ReceiptError(f"{url} serves {len(ids)} models ({', '.join(ids) or 'none'}): "
-                           f"pass --model")
-    return ids[0]
+        served, _, _ = await server_identity(session, url, model)
+    except BenchError as exc:
+        raise ReceiptError(str(exc)) from exc
+    return served
 
 
 def _user(prompt: str) -> list[dict]:

@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 
-from bench import bench_decode
+from bench import bench_decode, quality, receipts
 from tests.fakes import fake_vllm
 from tests.timing import Jitter
 from tests.unit.test_bench_accuracy import assert_measured_what_was_sent, assert_median_inside
@@ -92,7 +92,15 @@ def test_unreachable_server_fails_closed(capsys):
     assert "cannot reach http://127.0.0.1:9/health" in capsys.readouterr().err
 
 
-def test_a_dead_engine_behind_a_live_model_list_fails_closed(capsys):
+PREFLIGHTED = {  # every tool that reads a server: its argv after the URL
+    "bench": lambda url, out: bench_decode.main(["--url", url, "--quiet"]),
+    "receipts": lambda url, out: receipts.main(["solo-vs-concurrent", "--url", url]),
+    "quality": lambda url, out: quality.main(["record", "--url", url, "--out", str(out), "--quiet"]),
+}
+
+
+@pytest.mark.parametrize("tool", sorted(PREFLIGHTED))
+def test_a_dead_engine_behind_a_live_model_list_fails_closed(tool, tmp_path, capsys):
     # vLLM's /v1/models answers 200 for seconds after its engine died; /health does not.
     with fake_vllm.spawn("--api-outlives-engine", "60") as fake:
         fake.process.send_signal(signal.SIGUSR1)  # the fake's engine core dies
@@ -105,7 +113,7 @@ def test_a_dead_engine_behind_a_live_model_list_fails_closed(capsys):
                 break
             time.sleep(0.05)
         assert urllib.request.urlopen(fake.url + "/v1/models", timeout=2).status == 200
-        code = bench_decode.main(["--url", fake.url, "--quiet"])
+        code = PREFLIGHTED[tool](fake.url, tmp_path / "out.json")
     assert code == 2
     assert f"{fake.url}/health answered HTTP 503: the engine is not healthy" in capsys.readouterr().err
 
@@ -121,7 +129,7 @@ def test_model_comes_from_the_server_list(tmp_path):
 
 def test_several_models_without_model_fails_closed(capsys):
     with fake_vllm.spawn("--served-model-name", "a", "b") as fake:
-        code = bench_decode.main(["--url", fake.url, "--quiet"])
+        code = PREFLIGHTED[tool](fake.url, tmp_path / "out.json")
     assert code == 2
     assert "serves 2 models (a, b): pass --model" in capsys.readouterr().err
 

@@ -154,7 +154,7 @@ def test_refusals_exit_2(tmp_path, recorded, capsys):
         assert code == 2 and "another reference record" in capsys.readouterr().err
     code, _, _ = _run(tmp_path, "x", "aa", "--reference", str(ref), "--url",
                       "http://127.0.0.1:9")
-    assert code == 2 and "is it up?" in capsys.readouterr().err
+    assert code == 2 and "is the server up?" in capsys.readouterr().err
 
 
 def test_tail_bucket_and_imputation():
