@@ -127,7 +127,8 @@ def test_model_comes_from_the_server_list(tmp_path):
     assert json.loads(log.read_text().splitlines()[0])["body"]["model"] == "served-name"
 
 
-def test_several_models_without_model_fails_closed(capsys):
+@pytest.mark.parametrize("tool", sorted(PREFLIGHTED))
+def test_several_models_without_model_fails_closed(tool, tmp_path, capsys):
     with fake_vllm.spawn("--served-model-name", "a", "b") as fake:
         code = PREFLIGHTED[tool](fake.url, tmp_path / "out.json")
     assert code == 2
