@@ -1,7 +1,8 @@
 """scripts/doctor: the state of a cluster run.sh started, reading only.
 
 Per node the rank container and its image ID against the head's, the speculative method
-and k in each rank's argv, the node's unified-memory facts (vm.swappiness, MemAvailable,
+and k in each rank's argv, the image levers it was started with (its GLM53_* variables, by
+knob: every rank must run the head's, and the head the settings'), the node's unified-memory facts (vm.swappiness, MemAvailable,
 other GPU containers; with MEM_PREFLIGHT=1), and on the head whether vLLM's /health says
 the engine is up (a 503 there is a dead engine, which /v1/models hides for seconds) and
 /v1/models names the served model and max_model_len the settings say. Safe while serving
@@ -48,6 +49,25 @@ class Doctor:
         self.launch = plan.Launch(checked, self.nodes, "", "")
         self.present = self.down = self.mismatches = 0
         self.rank_images: dict[int, str] = {}
+        self.rank_levers: dict[int, dict[str, str]] = {}
+        # GLM53_* variable -> the knob that sets it (recipe.toml)
+        self.lever_knobs = {name: knob.name for knob in checked.recipe.knobs.values()
+                            for name in knob.env if name.startswith("GLM53_")}
+
+    def lever_words(self, levers: dict[str, str]) -> str:
+        """A rank's levers as the knobs that set them, in recipe order (KPOOL_TAIL_FIX=1 ...)."""
+        order = list(self.lever_knobs)
+        names = sorted(levers, key=lambda name: (order.index(name) if name in order
+                                                 else len(order), name))
+        return " ".join(f"{self.lever_knobs.get(name, name)}={levers[name]}" for name in names)
+
+    def lever_difference(self, found: dict[str, str], wanted: dict[str, str]) -> str:
+        """The levers of FOUND that are not WANTED's: `KNOB=value (against value)`, unset
+        where a side has no variable."""
+        names = sorted(set(found) | set(wanted))
+        return ", ".join(f"{self.lever_knobs.get(name, name)}={found.get(name, 'unset')} "
+                         f"(against {wanted.get(name, 'unset')})"
+                         for name in names if found.get(name) != wanted.get(name))
 
     def check_rank(self, index: int) -> None:
         container, where = plan.rank_container(index), self.nodes.label(index)
@@ -61,7 +81,14 @@ class Doctor:
             self.down += 1
             return
         self.present += 1
-        state, image, args = (facts.stdout.strip().split(None, 2) + ["", "", ""])[:3]
+        try:
+            inspected = json.loads(facts.stdout)
+            state, image = str(inspected["status"]), str(inspected["image"])
+            env = dict(str(item).partition("=")[::2] for item in inspected["env"] or [])
+            args = [str(word) for word in inspected["args"] or []]
+        except (ValueError, TypeError, KeyError, AttributeError):
+            raise Failed(f"cannot read docker inspect of {container} on "
+                         f"{self.nodes.addresses[index]}: {facts.stdout.strip()[:200]}") from None
         self.rank_images[index] = image
         short = image.removeprefix("sha256:")[:12]
         if state != "running":
@@ -69,7 +96,7 @@ class Doctor:
             self.down += 1
             return
         try:
-            method, k = speculation_in([str(word) for word in json.loads(args)])
+            method, k = speculation_in(args)
         except (ValueError, TypeError, AttributeError):
             raise Failed(f"cannot read the argv of {container} on {self.nodes.addresses[index]}") \
                 from None
@@ -81,6 +108,27 @@ class Doctor:
             finding(f"{where}: {container} runs speculative {running}, the settings say "
                     f"{expected} (SPEC, NUM_SPECULATIVE_TOKENS); restart with the settings it "
                     "should have")
+            self.mismatches += 1
+        levers = self.rank_levers[index] = plan.image_levers(env)
+        finding(f"{where}: {container} levers: {self.lever_words(levers) or 'none (no GLM53_* variable set)'}")
+
+    def check_levers(self) -> None:
+        """Every running rank must have the head's levers, and the head the settings' (run.sh
+        sets them identically on every rank; a rank left from another run does not)."""
+        head = self.rank_levers.get(0)
+        if head is None:
+            return
+        for index, levers in self.rank_levers.items():
+            if index > 0 and levers != head:
+                finding(f"{self.nodes.label(index)}: {plan.rank_container(index)} levers differ "
+                        f"from the head's: {self.lever_difference(levers, head)}; the ranks must "
+                        "agree: ./stop.sh, then ./run.sh")
+                self.mismatches += 1
+        wanted = plan.image_levers(plan.rank_plan(self.launch, 0).env)
+        if head != wanted:
+            finding(f"the ranks run levers other than the settings': "
+                    f"{self.lever_difference(head, wanted)} (the settings' on the right); "
+                    "restart with the settings they should have")
             self.mismatches += 1
 
     def check_images(self) -> None:
@@ -156,6 +204,7 @@ class Doctor:
             return "down", EXIT_DOWN
         self.report_memory()
         self.check_images()
+        self.check_levers()
         if self.mismatches:
             return "mismatch", EXIT_MISMATCH
         health = self.check_health()

@@ -390,10 +390,19 @@ def api_models_argv(port: str) -> list[str]:
     return ["curl", "--silent", "--fail", "--max-time", "5", f"http://127.0.0.1:{port}/v1/models"]
 
 
+# One JSON object, so that the argv and the environment (lists of words) parse apart.
+RANK_FACTS_FORMAT = ('{"status":{{json .State.Status}},"image":{{json .Image}},'
+                     '"env":{{json .Config.Env}},"args":{{json .Args}}}')
+
+
 def rank_facts_argv(rank: int) -> list[str]:
-    """What scripts/doctor reads of a rank container: status, image ID and argv."""
-    return ["docker", "inspect", "--format", "{{.State.Status}} {{.Image}} {{json .Args}}",
-            rank_container(rank)]
+    """What scripts/doctor reads of a rank container: status, image ID, environment, argv."""
+    return ["docker", "inspect", "--format", RANK_FACTS_FORMAT, rank_container(rank)]
+
+
+def image_levers(env: dict[str, str]) -> dict[str, str]:
+    """The image layers' GLM53_* variables of a rank's environment (what its levers are)."""
+    return {name: value for name, value in env.items() if name.startswith("GLM53_")}
 
 
 def chain_image(launch: Launch) -> str:
@@ -433,7 +442,7 @@ def weights_phrase(launch: Launch) -> str:
     if launch["TARGET_WEIGHT_GROUPS_INT8"]:
         parts.append(f"target {launch['TARGET_WEIGHT_FORMAT'] or 'int8'} "
                      f"g{launch['INT_GROUP_SIZE'] or '128'} {launch['TARGET_WEIGHT_GROUPS_INT8']}")
-    if launch["DRAFT_WEIGHTS"] == "nvfp4":
+    if launch["DRAFT_WEIGHTS"] == "nvfp4" and launch.dflash2:  # only a DFlash2 drafter swaps
         parts.append("drafter nvfp4")
     return f", weight-only {', '.join(parts)}" if parts else ""
 

@@ -74,9 +74,14 @@ def edit_container(state, node, name, **fields):
 
 
 SHORT_ID = "1" * 12
+GROUPS = "shared,mla,kda_o,kda_in,lm_head"
+# the defaults' levers (recipe.toml): the kpool fix, INT8 on five target groups, NVFP4 drafter
+LEVERS = f"KPOOL_TAIL_FIX=1 TARGET_WEIGHT_GROUPS_INT8={GROUPS} DRAFT_WEIGHTS=nvfp4"
 RANK_LINES = [
-    f"doctor: {HEAD} (head): glm53-rank0 running, image {SHORT_ID}, speculative method=dflash, k=5",
-    f"doctor: {WORKER} (worker 1): glm53-rank1 running, image {SHORT_ID}, speculative method=dflash, k=5",
+    f"doctor: {HEAD} (head): glm53-rank0 running, image {SHORT_ID}, speculative method=dflash, k=7",
+    f"doctor: {HEAD} (head): glm53-rank0 levers: {LEVERS}",
+    f"doctor: {WORKER} (worker 1): glm53-rank1 running, image {SHORT_ID}, speculative method=dflash, k=7",
+    f"doctor: {WORKER} (worker 1): glm53-rank1 levers: {LEVERS}",
 ]
 
 
@@ -129,7 +134,7 @@ def test_a_worker_stopped_is_down(tmp_path, cluster):
     edit_container(cluster, WORKER, "glm53-rank1", status="exited")
     result = doctor(tmp_path, cluster)
     assert result.returncode == 6
-    assert result.stdout.splitlines()[1:] == [
+    assert result.stdout.splitlines()[2:] == [
         f"doctor: {WORKER} (worker 1): glm53-rank1 is exited (image {SHORT_ID}); ./stop.sh, then ./run.sh",
         "doctor: state down (exit 6)"]
 
@@ -150,16 +155,16 @@ def test_a_worker_on_another_image_is_a_mismatch(tmp_path, cluster):
     assert result.returncode == 5
     assert result.stdout.splitlines()[-2:] == [
         f"doctor: {WORKER} (worker 1): image {other} differs from the head's {IMAGE_ID}; "
-        "./stop.sh, docker rmi glm53-sm121-v11 there, ./run.sh streams the head's",
+        "./stop.sh, docker rmi glm53-sm121-v13 there, ./run.sh streams the head's",
         "doctor: state mismatch (exit 5)"]
 
 
 def test_settings_other_than_the_running_ones_are_a_mismatch(tmp_path, cluster):
-    result = doctor(tmp_path, cluster, NUM_SPECULATIVE_TOKENS=7, MAX_MODEL_LEN=200000,
+    result = doctor(tmp_path, cluster, NUM_SPECULATIVE_TOKENS=5, MAX_MODEL_LEN=200000,
                     models={"data": [{"id": "glm-5.3-flash", "max_model_len": 327680}]})
     assert result.returncode == 5
-    assert (f"doctor: {HEAD} (head): glm53-rank0 runs speculative method=dflash k=5, the settings "
-            "say method=dflash k=7 (SPEC, NUM_SPECULATIVE_TOKENS); restart with the settings it "
+    assert (f"doctor: {HEAD} (head): glm53-rank0 runs speculative method=dflash k=7, the settings "
+            "say method=dflash k=5 (SPEC, NUM_SPECULATIVE_TOKENS); restart with the settings it "
             "should have") in result.stdout
     served = doctor(tmp_path, cluster, MAX_MODEL_LEN=200000)
     assert served.returncode == 5
@@ -194,3 +199,87 @@ def test_the_doctor_changes_nothing(tmp_path, cluster):
             before[node][name].pop("inspects")
             after[node][name].pop("inspects")
     assert after == before
+
+
+def rank_env(state, node, name):
+    """The --env settings rank container NAME on NODE was started with."""
+    argv = containers(state, node)[name]["argv"]
+    return [argv[i + 1] for i, word in enumerate(argv[:argv.index("--entrypoint")])
+            if word == "--env"]
+
+
+def set_rank_env(state, node, name, env):
+    """Rewrite the --env settings of a started rank (as if run.sh had been run otherwise)."""
+    path = state / f"{node}.json"
+    node_state = json.loads(path.read_text())
+    argv = node_state["containers"][name]["argv"]
+    cut = argv.index("--entrypoint")
+    kept = [word for i, word in enumerate(argv[:cut])
+            if word != "--env" and (i == 0 or argv[i - 1] != "--env")]
+    node_state["containers"][name]["argv"] = (
+        kept + [word for setting in env for word in ("--env", setting)] + argv[cut:])
+    path.write_text(json.dumps(node_state))
+
+
+def test_each_rank_shows_the_levers_its_container_was_started_with(tmp_path, cluster):
+    """The doctor reads them from the containers: a rank started without a lever shows it
+    off, one started with only the kpool fix shows only that, whatever the settings say."""
+    for node, name in (("head", "glm53-rank0"), (WORKER, "glm53-rank1")):
+        env = rank_env(cluster, node, name)
+        assert "GLM53_KPOOL_TAIL_FIX=1" in env and f"GLM53_INT8_W8A16={GROUPS}" in env
+        set_rank_env(cluster, node, name, [word for word in env if not word.startswith(
+            ("GLM53_INT8_W8A16=", "GLM53_DRAFT_WEIGHTS="))] + ["GLM53_INT_GROUP_SIZE=64"])
+    result = doctor(tmp_path, cluster, TARGET_WEIGHT_GROUPS_INT8="none", DRAFT_WEIGHTS="bf16",
+                    INT_GROUP_SIZE="64")
+    lines = result.stdout.splitlines()
+    assert f"doctor: {HEAD} (head): glm53-rank0 levers: KPOOL_TAIL_FIX=1 INT_GROUP_SIZE=64" in lines
+    assert (f"doctor: {WORKER} (worker 1): glm53-rank1 levers: KPOOL_TAIL_FIX=1 "
+            "INT_GROUP_SIZE=64") in lines
+    # DRAFT_WEIGHTS=bf16 sets GLM53_DRAFT_WEIGHTS=bf16, which these ranks were not started with
+    assert result.returncode == 5
+    assert ("doctor: the ranks run levers other than the settings': DRAFT_WEIGHTS=unset "
+            "(against bf16) (the settings' on the right); restart with the settings they "
+            "should have") in lines
+
+
+def test_a_rank_without_levers_says_none(tmp_path, cluster):
+    for node, name in (("head", "glm53-rank0"), (WORKER, "glm53-rank1")):
+        set_rank_env(cluster, node, name, [word for word in rank_env(cluster, node, name)
+                                           if not word.startswith("GLM53_")])
+    # the PR-era profile sets no lever (its image is v11; the fake cluster runs the default)
+    result = doctor(tmp_path, cluster, PROFILE="seed-pr", IMAGE="glm53-sm121-v13",
+                    NUM_SPECULATIVE_TOKENS=7)
+    assert result.returncode == 0, result.stdout
+    assert (f"doctor: {HEAD} (head): glm53-rank0 levers: none (no GLM53_* variable set)"
+            in result.stdout.splitlines())
+
+
+def test_ranks_whose_levers_differ_are_a_mismatch(tmp_path, cluster):
+    """run.sh sets every lever identically on every rank; a worker left with other ones (here
+    without the kpool fix and with INT8 on one group) makes the pair compute neither setting."""
+    env = rank_env(cluster, WORKER, "glm53-rank1")
+    set_rank_env(cluster, WORKER, "glm53-rank1",
+                 [word for word in env if not word.startswith(("GLM53_KPOOL_TAIL_FIX=",
+                                                               "GLM53_INT8_W8A16="))]
+                 + ["GLM53_INT8_W8A16=mla"])
+    result = doctor(tmp_path, cluster)
+    assert result.returncode == 5
+    lines = result.stdout.splitlines()
+    assert (f"doctor: {WORKER} (worker 1): glm53-rank1 levers: TARGET_WEIGHT_GROUPS_INT8=mla "
+            "DRAFT_WEIGHTS=nvfp4") in lines
+    assert lines[-2:] == [
+        f"doctor: {WORKER} (worker 1): glm53-rank1 levers differ from the head's: "
+        f"TARGET_WEIGHT_GROUPS_INT8=mla (against {GROUPS}), KPOOL_TAIL_FIX=unset (against 1); "
+        "the ranks must agree: ./stop.sh, then ./run.sh",
+        "doctor: state mismatch (exit 5)"]
+
+
+def test_an_unreadable_inspect_fails_closed_in_one_line(tmp_path, cluster):
+    fake = sealed_bin(tmp_path) / "docker"
+    fake.unlink()
+    fake.write_text("#!/bin/sh\necho 'running sha256:1 [\"serve\"]'\n")
+    fake.chmod(0o755)
+    result = doctor(tmp_path, cluster)
+    assert result.returncode == 1
+    assert result.stderr == (f"glm53: cannot read docker inspect of glm53-rank0 on {HEAD}: "
+                             "running sha256:1 [\"serve\"]\n")

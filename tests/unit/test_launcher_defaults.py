@@ -30,8 +30,26 @@ def test_the_seed_pr_profile_is_the_seed_verified_run():
         # the memory guard the seed grew
         "MEM_GUARD": "1", "MEM_SAMPLES_PER_SECOND": "4", "MEM_FLOOR_LOAD_GIB": "10",
         "MEM_FLOOR_PROFILE_GIB": "8", "MEM_FLOOR_KV_READY_GIB": "3", "MEM_FLOOR_SERVING_GIB": "2",
+        # image v11 has no v13 levers: none set
+        "KPOOL_TAIL_FIX": "0", "TARGET_WEIGHT_GROUPS_INT8": "none", "DRAFT_WEIGHTS": "",
     }
     assert {name: settings[name] for name in seed} == seed
+
+
+def test_the_defaults_are_the_seeds_measured_v13_setting():
+    """The seed's v13 repository: image v13, DFlash2 k=7 at 2 seqs, the kpool tail fix, INT8
+    weight-only on five target groups at group 128 (empty: the runtime's 128), NVFP4 drafter."""
+    settings = default_settings()
+    v13 = {"IMAGE": "glm53-sm121-v13", "SPEC": "dflash2", "NUM_SPECULATIVE_TOKENS": "7",
+           "MAX_NUM_SEQS": "2", "KPOOL_TAIL_FIX": "1",
+           "TARGET_WEIGHT_GROUPS_INT8": "shared,mla,kda_o,kda_in,lm_head", "INT_GROUP_SIZE": "",
+           "TARGET_WEIGHT_FORMAT": "", "DRAFT_WEIGHTS": "nvfp4"}
+    assert {name: settings[name] for name in v13} == v13
+    changed = {name for name in v13 if settings[name] != default_settings("seed-pr")[name]}
+    assert changed == {"IMAGE", "NUM_SPECULATIVE_TOKENS", "MAX_NUM_SEQS", "KPOOL_TAIL_FIX",
+                       "TARGET_WEIGHT_GROUPS_INT8", "DRAFT_WEIGHTS"}
+    sources = {name: recipe.load().knobs[name].source for name in changed}
+    assert set(sources.values()) == {"seed-v13"}, sources
 
 
 def test_the_seeds_commits_are_pinned_where_the_launcher_reads_them():

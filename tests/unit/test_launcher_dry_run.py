@@ -27,7 +27,7 @@ from tests.unit.test_launcher_support import (
 # The whole DRY_RUN of `NODES="192.0.2.1 192.0.2.2" IFACE=ifx0 HCA=hca0 DRY_RUN=1 ./run.sh`
 # on a fresh clone, reviewed line by line. The model and the drafter are pinned already
 # (the seed's commits), so nothing is resolved.
-DEFAULTS_DRY_RUN = r"""# glm53: model LibertAIDAI/GLM-5.3-Flash-NVFP4@aa28e1f54130286c95fee10d0705c74ce8743734, drafter incoai/GLM-5.3-Flash-DFlash2 (CC BY-NC-ND 4.0, non-commercial), 5 sliding layers, window 2048, non-causal, mask row from an embedding table, revision 7d74cdd881ed7e32c31175984a67823127b66cfe, k=5, context 327680, 4 seqs, CUDA graphs (capture 1,2,4,6,12,18,24), KV pin 4445787956 bytes (4.14 GiB fp8_e4m3), image glm53-sm121-v11, nodes 192.0.2.1 192.0.2.2 (TP=2)
+DEFAULTS_DRY_RUN = r"""# glm53: model LibertAIDAI/GLM-5.3-Flash-NVFP4@aa28e1f54130286c95fee10d0705c74ce8743734, drafter incoai/GLM-5.3-Flash-DFlash2 (CC BY-NC-ND 4.0, non-commercial), 5 sliding layers, window 2048, non-causal, mask row from an embedding table, revision 7d74cdd881ed7e32c31175984a67823127b66cfe, k=7, context 327680, 2 seqs, CUDA graphs (capture 1,2,4,8,16), KV pin 4445787956 bytes (4.14 GiB fp8_e4m3), weight-only target int8 g128 shared,mla,kda_o,kda_in,lm_head, drafter nvfp4, image glm53-sm121-v13 (KPOOL_TAIL_FIX on), nodes 192.0.2.1 192.0.2.2 (TP=2)
 # refuse if a glm53.launcher=serve container is running on any node; then remove exited ones
 docker ps --filter label=glm53.launcher=serve --format '{{.Names}}'
 ssh -o BatchMode=yes 192.0.2.2 'docker ps --filter label=glm53.launcher=serve --format '\''{{.Names}}'\'''
@@ -41,25 +41,25 @@ ssh -o BatchMode=yes 192.0.2.2 'mkdir -p /home/user/.cache/huggingface'
 # every node: report vm.swappiness, MemAvailable and other GPU containers; refuse the boot under MEM_BOOT_FLOOR_GIB=100 GiB
 sh -c 'meminfo=${GLM53_MEMINFO:-/proc/meminfo}; swappiness=${GLM53_SWAPPINESS:-/proc/sys/vm/swappiness}; printf "swappiness %s\n" "$(cat "$swappiness" 2>/dev/null || echo unknown)"; awk '\''/^MemAvailable:/ { print "mem", $2 }'\'' "$meminfo"; for id in $(docker ps --quiet); do docker inspect --format '\''{{.Name}} {{json .HostConfig.DeviceRequests}}'\'' "$id"; done | awk '\''/"gpu"/ { sub(/^\//, "", $1); print "gpu", $1 }'\''' memory-preflight
 ssh -o BatchMode=yes 192.0.2.2 'sh -c '\''meminfo=${GLM53_MEMINFO:-/proc/meminfo}; swappiness=${GLM53_SWAPPINESS:-/proc/sys/vm/swappiness}; printf "swappiness %s\n" "$(cat "$swappiness" 2>/dev/null || echo unknown)"; awk '\''\'\'''\''/^MemAvailable:/ { print "mem", $2 }'\''\'\'''\'' "$meminfo"; for id in $(docker ps --quiet); do docker inspect --format '\''\'\'''\''{{.Name}} {{json .HostConfig.DeviceRequests}}'\''\'\'''\'' "$id"; done | awk '\''\'\'''\''/"gpu"/ { sub(/^\//, "", $1); print "gpu", $1 }'\''\'\'''\'''\'' memory-preflight'
-# image: glm53-sm121-v11 must exist on the head (built by scripts/build.sh from vllm/vllm-openai:glm53-flash-arm64-cu130 when missing) and have the head's ID on every worker (streamed when missing)
-docker image inspect --format '{{.Id}}' glm53-sm121-v11
-# only when glm53-sm121-v11 is missing on the head:
+# image: glm53-sm121-v13 must exist on the head (built by scripts/build.sh from vllm/vllm-openai:glm53-flash-arm64-cu130 when missing) and have the head's ID on every worker (streamed when missing)
+docker image inspect --format '{{.Id}}' glm53-sm121-v13
+# only when glm53-sm121-v13 is missing on the head:
 docker image inspect --format '{{.Id}}' vllm/vllm-openai:glm53-flash-arm64-cu130
-{repo}/scripts/build.sh --base vllm/vllm-openai:glm53-flash-arm64-cu130 --to v11
-ssh -o BatchMode=yes 192.0.2.2 'docker image inspect --format '\''{{.Id}}'\'' glm53-sm121-v11'
-# only when glm53-sm121-v11 is missing on 192.0.2.2:
-docker save glm53-sm121-v11 | python3 {repo}/launcher/count_bytes.py 'glm53-sm121-v11 to 192.0.2.2' '<image-bytes>' | ssh -o BatchMode=yes 192.0.2.2 'docker load'
+{repo}/scripts/build.sh --base vllm/vllm-openai:glm53-flash-arm64-cu130 --to v13
+ssh -o BatchMode=yes 192.0.2.2 'docker image inspect --format '\''{{.Id}}'\'' glm53-sm121-v13'
+# only when glm53-sm121-v13 is missing on 192.0.2.2:
+docker save glm53-sm121-v13 | python3 {repo}/launcher/count_bytes.py 'glm53-sm121-v13 to 192.0.2.2' '<image-bytes>' | ssh -o BatchMode=yes 192.0.2.2 'docker load'
 # every node: the JIT cache directory of this image (JIT_CACHE/<image ID>, kept by stop.sh)
 mkdir -p '/home/user/.cache/glm53-jit/<image-id>'
 ssh -o BatchMode=yes 192.0.2.2 'mkdir -p '\''/home/user/.cache/glm53-jit/<image-id>'\'''
 # drafter: fetch it at its pin and derive /root/.cache/huggingface/glm53-drafters/incoai-7d74cdd881ed7e32c31175984a67823127b66cfe on every node
-docker run --rm --label glm53.launcher=tool --network host --mount type=bind,src=/home/user/.cache/huggingface,dst=/root/.cache/huggingface --env HF_HOME=/root/.cache/huggingface --entrypoint python3 glm53-sm121-v11 -c 'import sys; from huggingface_hub import snapshot_download; print(snapshot_download(sys.argv[1], revision=sys.argv[2]))' incoai/GLM-5.3-Flash-DFlash2 7d74cdd881ed7e32c31175984a67823127b66cfe
-docker run --rm --label glm53.launcher=tool --network none --mount type=bind,src=/home/user/.cache/huggingface,dst=/root/.cache/huggingface --env HF_HOME=/root/.cache/huggingface --entrypoint python3 glm53-sm121-v11 /opt/glm53-recipe/scripts/prepare-drafter /root/.cache/huggingface/hub/models--incoai--GLM-5.3-Flash-DFlash2/snapshots/7d74cdd881ed7e32c31175984a67823127b66cfe --out /root/.cache/huggingface/glm53-drafters/incoai-7d74cdd881ed7e32c31175984a67823127b66cfe --window 2048 --json
-ssh -o BatchMode=yes 192.0.2.2 'docker run --rm --label glm53.launcher=tool --network host --mount type=bind,src=/home/user/.cache/huggingface,dst=/root/.cache/huggingface --env HF_HOME=/root/.cache/huggingface --entrypoint python3 glm53-sm121-v11 -c '\''import sys; from huggingface_hub import snapshot_download; print(snapshot_download(sys.argv[1], revision=sys.argv[2]))'\'' incoai/GLM-5.3-Flash-DFlash2 7d74cdd881ed7e32c31175984a67823127b66cfe'
-ssh -o BatchMode=yes 192.0.2.2 'docker run --rm --label glm53.launcher=tool --network none --mount type=bind,src=/home/user/.cache/huggingface,dst=/root/.cache/huggingface --env HF_HOME=/root/.cache/huggingface --entrypoint python3 glm53-sm121-v11 /opt/glm53-recipe/scripts/prepare-drafter /root/.cache/huggingface/hub/models--incoai--GLM-5.3-Flash-DFlash2/snapshots/7d74cdd881ed7e32c31175984a67823127b66cfe --out /root/.cache/huggingface/glm53-drafters/incoai-7d74cdd881ed7e32c31175984a67823127b66cfe --window 2048 --json'
+docker run --rm --label glm53.launcher=tool --network host --mount type=bind,src=/home/user/.cache/huggingface,dst=/root/.cache/huggingface --env HF_HOME=/root/.cache/huggingface --entrypoint python3 glm53-sm121-v13 -c 'import sys; from huggingface_hub import snapshot_download; print(snapshot_download(sys.argv[1], revision=sys.argv[2]))' incoai/GLM-5.3-Flash-DFlash2 7d74cdd881ed7e32c31175984a67823127b66cfe
+docker run --rm --label glm53.launcher=tool --network none --mount type=bind,src=/home/user/.cache/huggingface,dst=/root/.cache/huggingface --env HF_HOME=/root/.cache/huggingface --entrypoint python3 glm53-sm121-v13 /opt/glm53-recipe/scripts/prepare-drafter /root/.cache/huggingface/hub/models--incoai--GLM-5.3-Flash-DFlash2/snapshots/7d74cdd881ed7e32c31175984a67823127b66cfe --out /root/.cache/huggingface/glm53-drafters/incoai-7d74cdd881ed7e32c31175984a67823127b66cfe --window 2048 --json
+ssh -o BatchMode=yes 192.0.2.2 'docker run --rm --label glm53.launcher=tool --network host --mount type=bind,src=/home/user/.cache/huggingface,dst=/root/.cache/huggingface --env HF_HOME=/root/.cache/huggingface --entrypoint python3 glm53-sm121-v13 -c '\''import sys; from huggingface_hub import snapshot_download; print(snapshot_download(sys.argv[1], revision=sys.argv[2]))'\'' incoai/GLM-5.3-Flash-DFlash2 7d74cdd881ed7e32c31175984a67823127b66cfe'
+ssh -o BatchMode=yes 192.0.2.2 'docker run --rm --label glm53.launcher=tool --network none --mount type=bind,src=/home/user/.cache/huggingface,dst=/root/.cache/huggingface --env HF_HOME=/root/.cache/huggingface --entrypoint python3 glm53-sm121-v13 /opt/glm53-recipe/scripts/prepare-drafter /root/.cache/huggingface/hub/models--incoai--GLM-5.3-Flash-DFlash2/snapshots/7d74cdd881ed7e32c31175984a67823127b66cfe --out /root/.cache/huggingface/glm53-drafters/incoai-7d74cdd881ed7e32c31175984a67823127b66cfe --window 2048 --json'
 # start one rank per node, head first
-docker run --detach --name glm53-rank0 --label glm53.launcher=serve --label glm53.rank=0 --network host --ipc host --shm-size 32g --cap-add IPC_LOCK --restart no --gpus all --device /dev/infiniband --ulimit memlock=-1:-1 --mount type=bind,src=/home/user/.cache/huggingface,dst=/root/.cache/huggingface --env HF_HOME=/root/.cache/huggingface --env TORCH_CUDA_ARCH_LIST=12.1a --env FLASHINFER_CUDA_ARCH_LIST=12.1a --env FLASHINFER_DISABLE_VERSION_CHECK=1 --env VLLM_ENGINE_READY_TIMEOUT_S=3600 --env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True --mount 'type=bind,src=/home/user/.cache/glm53-jit/<image-id>,dst=/var/cache/glm53-jit' --env VLLM_CACHE_ROOT=/var/cache/glm53-jit/vllm --env FLASHINFER_WORKSPACE_BASE=/var/cache/glm53-jit/flashinfer --env DG_JIT_CACHE_DIR=/var/cache/glm53-jit/deep_gemm --env TRITON_CACHE_DIR=/var/cache/glm53-jit/triton --env TILELANG_CACHE_DIR=/var/cache/glm53-jit/tilelang --env TORCHINDUCTOR_CACHE_DIR=/var/cache/glm53-jit/inductor --env CUDA_CACHE_PATH=/var/cache/glm53-jit/cuda --env VLLM_HOST_IP=192.0.2.1 --env NCCL_SOCKET_IFNAME=ifx0 --env GLOO_SOCKET_IFNAME=ifx0 --env TP_SOCKET_IFNAME=ifx0 --env NCCL_IB_HCA=hca0 --env NCCL_NET=IB --env NCCL_IB_DISABLE=0 --env NCCL_CROSS_NIC=1 --env NCCL_NVLS_ENABLE=0 --env NCCL_CUMEM_ENABLE=0 --env NCCL_DEBUG=WARN --env VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 --entrypoint vllm glm53-sm121-v11 serve LibertAIDAI/GLM-5.3-Flash-NVFP4 --revision aa28e1f54130286c95fee10d0705c74ce8743734 --host 0.0.0.0 --port 8000 --tensor-parallel-size 2 --max-model-len 327680 --kv-cache-dtype fp8_e4m3 --kv-cache-memory-bytes 4445787956 --gpu-memory-utilization 0.85 --max-num-seqs 4 --block-size 2304 --moe-backend marlin --linear-backend marlin --speculative-config '{"method":"dflash","model":"/root/.cache/huggingface/glm53-drafters/incoai-7d74cdd881ed7e32c31175984a67823127b66cfe","num_speculative_tokens":5}' --compilation-config '{"cudagraph_capture_sizes":[1,2,4,6,12,18,24]}' --tool-call-parser glm47 --enable-auto-tool-choice --reasoning-parser glm45 --default-chat-template-kwargs '{"enable_thinking": false}' --served-model-name glm-5.3-flash --trust-remote-code --mm-processor-cache-gb 1 --override-generation-config '{"max_new_tokens": 65536}' --nnodes 2 --node-rank 0 --master-addr 192.0.2.1 --master-port 29501 --distributed-executor-backend mp
-ssh -o BatchMode=yes 192.0.2.2 'docker run --detach --name glm53-rank1 --label glm53.launcher=serve --label glm53.rank=1 --network host --ipc host --shm-size 32g --cap-add IPC_LOCK --restart no --gpus all --device /dev/infiniband --ulimit memlock=-1:-1 --mount type=bind,src=/home/user/.cache/huggingface,dst=/root/.cache/huggingface --env HF_HOME=/root/.cache/huggingface --env TORCH_CUDA_ARCH_LIST=12.1a --env FLASHINFER_CUDA_ARCH_LIST=12.1a --env FLASHINFER_DISABLE_VERSION_CHECK=1 --env VLLM_ENGINE_READY_TIMEOUT_S=3600 --env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True --mount '\''type=bind,src=/home/user/.cache/glm53-jit/<image-id>,dst=/var/cache/glm53-jit'\'' --env VLLM_CACHE_ROOT=/var/cache/glm53-jit/vllm --env FLASHINFER_WORKSPACE_BASE=/var/cache/glm53-jit/flashinfer --env DG_JIT_CACHE_DIR=/var/cache/glm53-jit/deep_gemm --env TRITON_CACHE_DIR=/var/cache/glm53-jit/triton --env TILELANG_CACHE_DIR=/var/cache/glm53-jit/tilelang --env TORCHINDUCTOR_CACHE_DIR=/var/cache/glm53-jit/inductor --env CUDA_CACHE_PATH=/var/cache/glm53-jit/cuda --env VLLM_HOST_IP=192.0.2.2 --env NCCL_SOCKET_IFNAME=ifx0 --env GLOO_SOCKET_IFNAME=ifx0 --env TP_SOCKET_IFNAME=ifx0 --env NCCL_IB_HCA=hca0 --env NCCL_NET=IB --env NCCL_IB_DISABLE=0 --env NCCL_CROSS_NIC=1 --env NCCL_NVLS_ENABLE=0 --env NCCL_CUMEM_ENABLE=0 --env NCCL_DEBUG=WARN --env VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 --entrypoint vllm glm53-sm121-v11 serve LibertAIDAI/GLM-5.3-Flash-NVFP4 --revision aa28e1f54130286c95fee10d0705c74ce8743734 --tensor-parallel-size 2 --max-model-len 327680 --kv-cache-dtype fp8_e4m3 --kv-cache-memory-bytes 4445787956 --gpu-memory-utilization 0.85 --max-num-seqs 4 --block-size 2304 --moe-backend marlin --linear-backend marlin --speculative-config '\''{"method":"dflash","model":"/root/.cache/huggingface/glm53-drafters/incoai-7d74cdd881ed7e32c31175984a67823127b66cfe","num_speculative_tokens":5}'\'' --compilation-config '\''{"cudagraph_capture_sizes":[1,2,4,6,12,18,24]}'\'' --tool-call-parser glm47 --enable-auto-tool-choice --reasoning-parser glm45 --default-chat-template-kwargs '\''{"enable_thinking": false}'\'' --served-model-name glm-5.3-flash --trust-remote-code --mm-processor-cache-gb 1 --override-generation-config '\''{"max_new_tokens": 65536}'\'' --nnodes 2 --node-rank 1 --master-addr 192.0.2.1 --master-port 29501 --distributed-executor-backend mp --headless'
+docker run --detach --name glm53-rank0 --label glm53.launcher=serve --label glm53.rank=0 --network host --ipc host --shm-size 32g --cap-add IPC_LOCK --restart no --gpus all --device /dev/infiniband --ulimit memlock=-1:-1 --mount type=bind,src=/home/user/.cache/huggingface,dst=/root/.cache/huggingface --env HF_HOME=/root/.cache/huggingface --env TORCH_CUDA_ARCH_LIST=12.1a --env FLASHINFER_CUDA_ARCH_LIST=12.1a --env FLASHINFER_DISABLE_VERSION_CHECK=1 --env VLLM_ENGINE_READY_TIMEOUT_S=3600 --env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True --mount 'type=bind,src=/home/user/.cache/glm53-jit/<image-id>,dst=/var/cache/glm53-jit' --env VLLM_CACHE_ROOT=/var/cache/glm53-jit/vllm --env FLASHINFER_WORKSPACE_BASE=/var/cache/glm53-jit/flashinfer --env DG_JIT_CACHE_DIR=/var/cache/glm53-jit/deep_gemm --env TRITON_CACHE_DIR=/var/cache/glm53-jit/triton --env TILELANG_CACHE_DIR=/var/cache/glm53-jit/tilelang --env TORCHINDUCTOR_CACHE_DIR=/var/cache/glm53-jit/inductor --env CUDA_CACHE_PATH=/var/cache/glm53-jit/cuda --env VLLM_HOST_IP=192.0.2.1 --env NCCL_SOCKET_IFNAME=ifx0 --env GLOO_SOCKET_IFNAME=ifx0 --env TP_SOCKET_IFNAME=ifx0 --env NCCL_IB_HCA=hca0 --env NCCL_NET=IB --env NCCL_IB_DISABLE=0 --env NCCL_CROSS_NIC=1 --env NCCL_NVLS_ENABLE=0 --env NCCL_CUMEM_ENABLE=0 --env NCCL_DEBUG=WARN --env GLM53_KPOOL_TAIL_FIX=1 --env GLM53_INT8_W8A16=shared,mla,kda_o,kda_in,lm_head --env GLM53_DRAFT_WEIGHTS=nvfp4 --env VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 --entrypoint vllm glm53-sm121-v13 serve LibertAIDAI/GLM-5.3-Flash-NVFP4 --revision aa28e1f54130286c95fee10d0705c74ce8743734 --host 0.0.0.0 --port 8000 --tensor-parallel-size 2 --max-model-len 327680 --kv-cache-dtype fp8_e4m3 --kv-cache-memory-bytes 4445787956 --gpu-memory-utilization 0.85 --max-num-seqs 2 --block-size 2304 --moe-backend marlin --linear-backend marlin --speculative-config '{"method":"dflash","model":"/root/.cache/huggingface/glm53-drafters/incoai-7d74cdd881ed7e32c31175984a67823127b66cfe","num_speculative_tokens":7}' --compilation-config '{"cudagraph_capture_sizes":[1,2,4,8,16]}' --tool-call-parser glm47 --enable-auto-tool-choice --reasoning-parser glm45 --default-chat-template-kwargs '{"enable_thinking": false}' --served-model-name glm-5.3-flash --trust-remote-code --mm-processor-cache-gb 1 --override-generation-config '{"max_new_tokens": 65536}' --nnodes 2 --node-rank 0 --master-addr 192.0.2.1 --master-port 29501 --distributed-executor-backend mp
+ssh -o BatchMode=yes 192.0.2.2 'docker run --detach --name glm53-rank1 --label glm53.launcher=serve --label glm53.rank=1 --network host --ipc host --shm-size 32g --cap-add IPC_LOCK --restart no --gpus all --device /dev/infiniband --ulimit memlock=-1:-1 --mount type=bind,src=/home/user/.cache/huggingface,dst=/root/.cache/huggingface --env HF_HOME=/root/.cache/huggingface --env TORCH_CUDA_ARCH_LIST=12.1a --env FLASHINFER_CUDA_ARCH_LIST=12.1a --env FLASHINFER_DISABLE_VERSION_CHECK=1 --env VLLM_ENGINE_READY_TIMEOUT_S=3600 --env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True --mount '\''type=bind,src=/home/user/.cache/glm53-jit/<image-id>,dst=/var/cache/glm53-jit'\'' --env VLLM_CACHE_ROOT=/var/cache/glm53-jit/vllm --env FLASHINFER_WORKSPACE_BASE=/var/cache/glm53-jit/flashinfer --env DG_JIT_CACHE_DIR=/var/cache/glm53-jit/deep_gemm --env TRITON_CACHE_DIR=/var/cache/glm53-jit/triton --env TILELANG_CACHE_DIR=/var/cache/glm53-jit/tilelang --env TORCHINDUCTOR_CACHE_DIR=/var/cache/glm53-jit/inductor --env CUDA_CACHE_PATH=/var/cache/glm53-jit/cuda --env VLLM_HOST_IP=192.0.2.2 --env NCCL_SOCKET_IFNAME=ifx0 --env GLOO_SOCKET_IFNAME=ifx0 --env TP_SOCKET_IFNAME=ifx0 --env NCCL_IB_HCA=hca0 --env NCCL_NET=IB --env NCCL_IB_DISABLE=0 --env NCCL_CROSS_NIC=1 --env NCCL_NVLS_ENABLE=0 --env NCCL_CUMEM_ENABLE=0 --env NCCL_DEBUG=WARN --env GLM53_KPOOL_TAIL_FIX=1 --env GLM53_INT8_W8A16=shared,mla,kda_o,kda_in,lm_head --env GLM53_DRAFT_WEIGHTS=nvfp4 --env VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 --entrypoint vllm glm53-sm121-v13 serve LibertAIDAI/GLM-5.3-Flash-NVFP4 --revision aa28e1f54130286c95fee10d0705c74ce8743734 --tensor-parallel-size 2 --max-model-len 327680 --kv-cache-dtype fp8_e4m3 --kv-cache-memory-bytes 4445787956 --gpu-memory-utilization 0.85 --max-num-seqs 2 --block-size 2304 --moe-backend marlin --linear-backend marlin --speculative-config '\''{"method":"dflash","model":"/root/.cache/huggingface/glm53-drafters/incoai-7d74cdd881ed7e32c31175984a67823127b66cfe","num_speculative_tokens":7}'\'' --compilation-config '\''{"cudagraph_capture_sizes":[1,2,4,8,16]}'\'' --tool-call-parser glm47 --enable-auto-tool-choice --reasoning-parser glm45 --default-chat-template-kwargs '\''{"enable_thinking": false}'\'' --served-model-name glm-5.3-flash --trust-remote-code --mm-processor-cache-gb 1 --override-generation-config '\''{"max_new_tokens": 65536}'\'' --nnodes 2 --node-rank 1 --master-addr 192.0.2.1 --master-port 29501 --distributed-executor-backend mp --headless'
 # while waiting, on every node: MemAvailable every 0.250 s and the rank log's phase markers; under the phase's floor (load 10, profile 8, kv_ready 3, serving 2 GiB) every rank is killed; samples to {repo}/runs/<UTC time>/memory.csv
 sh -c 'meminfo=${GLM53_MEMINFO:-/proc/meminfo}; work=$(mktemp -d) || exit 1; follower=; trap '\''kill "$follower" 2>/dev/null; rm -rf "$work"'\'' EXIT; trap '\''exit 0'\'' HUP INT TERM; mkfifo "$work/log" || exit 1; docker logs --follow "$1" >"$work/log" 2>&1 & follower=$!; grep --line-buffered -o -E "$2" <"$work/log" & while awk '\''/^MemAvailable:/ { print "mem", $2; found = 1; exit } END { exit !found }'\'' "$meminfo"; do sleep "$3"; done' memory-sampler glm53-rank0 'Model loading took|Available KV cache memory|KV Cache as specified by kv_cache_memory_bytes|KV cache size: |Application startup complete' 0.250
 ssh -o BatchMode=yes 192.0.2.2 'sh -c '\''meminfo=${GLM53_MEMINFO:-/proc/meminfo}; work=$(mktemp -d) || exit 1; follower=; trap '\''\'\'''\''kill "$follower" 2>/dev/null; rm -rf "$work"'\''\'\'''\'' EXIT; trap '\''\'\'''\''exit 0'\''\'\'''\'' HUP INT TERM; mkfifo "$work/log" || exit 1; docker logs --follow "$1" >"$work/log" 2>&1 & follower=$!; grep --line-buffered -o -E "$2" <"$work/log" & while awk '\''\'\'''\''/^MemAvailable:/ { print "mem", $2; found = 1; exit } END { exit !found }'\''\'\'''\'' "$meminfo"; do sleep "$3"; done'\'' memory-sampler glm53-rank1 '\''Model loading took|Available KV cache memory|KV Cache as specified by kv_cache_memory_bytes|KV cache size: |Application startup complete'\'' 0.250'
@@ -102,6 +102,9 @@ def link_env(rank):
             "--env", "NCCL_CUMEM_ENABLE=0", "--env", "NCCL_DEBUG=WARN"]
 
 
+# The image v13 levers on by default (recipe.toml, the seed's v13 setting), after the link's.
+LEVER_ENV = ["--env", "GLM53_KPOOL_TAIL_FIX=1", "--env", "GLM53_INT8_W8A16=shared,mla,kda_o,kda_in,lm_head",
+             "--env", "GLM53_DRAFT_WEIGHTS=nvfp4"]
 # CUDAGRAPH_MEMORY_ESTIMATE's default: vLLM's CUDA-graph memory estimate off on every rank.
 MEMORY_ENV = ["--env", "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0"]
 
@@ -112,10 +115,10 @@ def expected_docker_run(rank, nodes, vllm_words, mounts=(), multi_node=True, ext
             *FIXED_DOCKER, *DOCKER_DEFAULTS, *HF_MOUNT, *mounts, *ENGINE_ENV, *JIT]
     if multi_node:
         argv += link_env(rank)
-    argv += MEMORY_ENV
+    argv += LEVER_ENV + MEMORY_ENV
     for word in extra_env:
         argv += ["--env", word]
-    return argv + ["--entrypoint", "vllm", "glm53-sm121-v11", *vllm_words]
+    return argv + ["--entrypoint", "vllm", "glm53-sm121-v13", *vllm_words]
 
 
 CHAT = ["--tool-call-parser", "glm47", "--enable-auto-tool-choice", "--reasoning-parser", "glm45",
@@ -132,7 +135,7 @@ def expected_vllm(rank, nodes, middle, tp=None, extra=(), chat=CHAT):
         words += ["--host", "0.0.0.0", "--port", "8000"]
     words += ["--tensor-parallel-size", str(tp or nodes), "--max-model-len", "327680",
               "--kv-cache-dtype", "fp8_e4m3", "--kv-cache-memory-bytes", "4445787956",
-              "--gpu-memory-utilization", "0.85", "--max-num-seqs", "4", "--block-size", "2304",
+              "--gpu-memory-utilization", "0.85", "--max-num-seqs", "2", "--block-size", "2304",
               "--moe-backend", "marlin", "--linear-backend", "marlin", *middle, *chat]
     if nodes > 1:
         words += ["--nnodes", str(nodes), "--node-rank", str(rank), "--master-addr", NODES[0],
@@ -142,7 +145,7 @@ def expected_vllm(rank, nodes, middle, tp=None, extra=(), chat=CHAT):
     return words + list(extra)
 
 
-def dflash(k=5, directory=INCOAI_DIR):
+def dflash(k=7, directory=INCOAI_DIR):
     return ["--speculative-config", json.dumps(
         {"method": "dflash", "model": directory, "num_speculative_tokens": k},
         separators=(",", ":"))]
@@ -183,16 +186,18 @@ def test_another_model_does_not_inherit_the_seeds_commit(tmp_path):
     assert "model_info(sys.argv[1]).sha)' someone/other-checkpoint" in stdout
 
 
-def test_defaults_pinned_serve_dflash2_k5_with_graphs(tmp_path):
+def test_defaults_pinned_serve_dflash2_k7_with_graphs(tmp_path):
     stdout = dry_run(tmp_path, **PINNED)
-    assert_ranks(stdout, 2, dflash(5) + graphs(1, 2, 4, 6, 12, 18, 24))
+    assert_ranks(stdout, 2, dflash(7) + graphs(1, 2, 4, 8, 16))
     assert "resolve" not in stdout
     assert startup_line(stdout) == (
         f"model {MODEL}@{MODEL_PIN}, drafter incoai/GLM-5.3-Flash-DFlash2 (CC BY-NC-ND 4.0, "
         f"non-commercial), 5 sliding layers, window 2048, non-causal, "
-        f"mask row from an embedding table, revision {DRAFTER_PIN}, k=5, "
-        "context 327680, 4 seqs, CUDA graphs (capture 1,2,4,6,12,18,24), KV pin 4445787956 "
-        "bytes (4.14 GiB fp8_e4m3), image glm53-sm121-v11, nodes 192.0.2.1 192.0.2.2 (TP=2)")
+        f"mask row from an embedding table, revision {DRAFTER_PIN}, k=7, "
+        "context 327680, 2 seqs, CUDA graphs (capture 1,2,4,8,16), KV pin 4445787956 "
+        "bytes (4.14 GiB fp8_e4m3), weight-only target int8 g128 shared,mla,kda_o,kda_in,lm_head, "
+        "drafter nvfp4, image glm53-sm121-v13 (KPOOL_TAIL_FIX on), nodes 192.0.2.1 192.0.2.2 "
+        "(TP=2)")
 
 
 def test_pins_file_supplies_revisions_nothing_else_pins(tmp_path):
@@ -206,35 +211,42 @@ def test_pins_file_supplies_revisions_nothing_else_pins(tmp_path):
 def test_spec_mtp_uses_the_checkpoint_head_with_4_tokens(tmp_path):
     stdout = dry_run(tmp_path, SPEC="mtp", **PINNED)
     mtp = ["--speculative-config", '{"method":"mtp","num_speculative_tokens":4}']
-    assert_ranks(stdout, 2, mtp + graphs(1, 2, 4, 5, 10, 15, 20))
+    assert_ranks(stdout, 2, mtp + graphs(1, 2, 4, 5, 10))
     assert "prepare-drafter" not in stdout and "DFlash2" not in stdout
     assert "drafter the checkpoint's MTP head, k=4," in startup_line(stdout)
+    # DRAFT_WEIGHTS=nvfp4 swaps only a DFlash2 drafter: the line does not claim it for MTP
+    assert "drafter nvfp4" not in startup_line(stdout)
 
 
 def test_spec_off_passes_no_speculative_config(tmp_path):
     stdout = dry_run(tmp_path, SPEC="off", **PINNED)
-    assert_ranks(stdout, 2, graphs(1, 2, 3, 4))
+    assert_ranks(stdout, 2, graphs(1, 2, 4))
     assert "--speculative-config" not in stdout and "prepare-drafter" not in stdout
     assert "no drafter (SPEC=off)" in startup_line(stdout)
 
 
 def test_enforce_eager_replaces_the_capture_sizes(tmp_path):
     stdout = dry_run(tmp_path, ENFORCE_EAGER=1, **PINNED)
-    assert_ranks(stdout, 2, dflash(5) + ["--enforce-eager"])
+    assert_ranks(stdout, 2, dflash() + ["--enforce-eager"])
     assert "--compilation-config" not in stdout
     assert ", eager, " in startup_line(stdout)
 
 
-def test_k7_with_2_seqs_captures_sorted_unique_sizes(tmp_path):
-    stdout = dry_run(tmp_path, NUM_SPECULATIVE_TOKENS=7, MAX_NUM_SEQS=2, **PINNED)
+# k, seqs -> capture sizes: 1, 2, 4 and (k + 1) x {1..seqs}, sorted, none repeated
+CAPTURES = {(7, 2): (1, 2, 4, 8, 16),  # the default: 8 x {1, 2}
+            (5, 4): (1, 2, 4, 6, 12, 18, 24)}  # PROFILE=seed-pr's k and seqs
+
+
+@pytest.mark.parametrize("k, seqs", CAPTURES)
+def test_k_and_seqs_capture_sorted_unique_sizes(tmp_path, k, seqs):
+    stdout = dry_run(tmp_path, NUM_SPECULATIVE_TOKENS=k, MAX_NUM_SEQS=seqs, **PINNED)
     ranks = serve_commands(stdout)
     assert sorted(ranks) == [0, 1]
     for _, argv in ranks.values():
         words = vllm_argv(argv)
-        assert words[words.index("--max-num-seqs") + 1] == "2"
-        assert words[words.index("--speculative-config") + 1] == dflash(7)[1]
-        # 1, 2, 4 and 8 x {1, 2}: 8 and 16, the 4 not repeated.
-        assert words[words.index("--compilation-config") + 1] == graphs(1, 2, 4, 8, 16)[1]
+        assert words[words.index("--max-num-seqs") + 1] == str(seqs)
+        assert words[words.index("--speculative-config") + 1] == dflash(k)[1]
+        assert words[words.index("--compilation-config") + 1] == graphs(*CAPTURES[k, seqs])[1]
 
 
 def test_capture_sizes_deduplicate_where_verify_shapes_meet_1_2_4(tmp_path):
@@ -245,7 +257,7 @@ def test_capture_sizes_deduplicate_where_verify_shapes_meet_1_2_4(tmp_path):
 @pytest.mark.parametrize("nodes", [3, 4])
 def test_three_and_four_nodes(tmp_path, nodes):
     stdout = dry_run(tmp_path, nodes=nodes, **PINNED)
-    assert_ranks(stdout, nodes, dflash(5) + graphs(1, 2, 4, 6, 12, 18, 24))
+    assert_ranks(stdout, nodes, dflash() + graphs(1, 2, 4, 8, 16))
     workers = {node for node, argv in node_commands(stdout) if node != NODES[0]}
     assert workers == set(NODES[1:nodes])
     assert startup_line(stdout).endswith(f"nodes {' '.join(NODES[:nodes])} (TP={nodes})")
@@ -253,12 +265,12 @@ def test_three_and_four_nodes(tmp_path, nodes):
 
 def test_tp_may_be_a_multiple_of_the_node_count(tmp_path):
     stdout = dry_run(tmp_path, TP=4, **PINNED)
-    assert_ranks(stdout, 2, dflash(5) + graphs(1, 2, 4, 6, 12, 18, 24), tp=4)
+    assert_ranks(stdout, 2, dflash() + graphs(1, 2, 4, 8, 16), tp=4)
 
 
 def test_one_node_needs_no_network_settings(tmp_path):
     stdout = dry_run(tmp_path, nodes=1, IFACE=None, HCA=None, **PINNED)
-    assert_ranks(stdout, 1, dflash(5) + graphs(1, 2, 4, 6, 12, 18, 24))
+    assert_ranks(stdout, 1, dflash() + graphs(1, 2, 4, 8, 16))
     assert "ssh" not in stdout
 
 
@@ -274,7 +286,7 @@ EXTRA_WORDS = [
 
 def test_extra_args_reach_every_rank_as_shell_words(tmp_path):
     stdout = dry_run(tmp_path, EXTRA_ARGS=EXTRA_ARGS, **PINNED)
-    assert_ranks(stdout, 2, dflash(5) + graphs(1, 2, 4, 6, 12, 18, 24), extra=EXTRA_WORDS)
+    assert_ranks(stdout, 2, dflash() + graphs(1, 2, 4, 8, 16), extra=EXTRA_WORDS)
     json.loads(EXTRA_WORDS[1])  # the JSON word is still JSON after both shell levels
 
 
@@ -293,7 +305,7 @@ def test_chat_knobs_change_their_flags_and_empty_leaves_them_out(tmp_path):
             "glm47", "--default-chat-template-kwargs", '{"enable_thinking": true}',
             "--served-model-name", "glm", "--trust-remote-code", "--mm-processor-cache-gb", "1",
             "--override-generation-config", '{"max_new_tokens": 4096}']
-    assert_ranks(stdout, 2, dflash(5) + graphs(1, 2, 4, 6, 12, 18, 24), chat=chat)
+    assert_ranks(stdout, 2, dflash() + graphs(1, 2, 4, 8, 16), chat=chat)
 
 
 def test_block_size_2304_is_the_default_and_others_are_accepted(tmp_path):
@@ -317,13 +329,13 @@ def test_extra_env_reaches_every_rank_after_the_launchers_own(tmp_path):
     extra = ["VLLM_LOGGING_LEVEL=DEBUG", "NCCL_IB_TIMEOUT=22", "TORCH_NCCL_BLOCKING_WAIT=1",
              "CUDA_LAUNCH_BLOCKING=0", "FLASHINFER_LOGLEVEL=3"]
     stdout = dry_run(tmp_path, EXTRA_ENV=" ".join(extra), **PINNED)
-    assert_ranks(stdout, 2, dflash(5) + graphs(1, 2, 4, 6, 12, 18, 24), extra_env=extra)
+    assert_ranks(stdout, 2, dflash() + graphs(1, 2, 4, 8, 16), extra_env=extra)
 
 
 def test_every_variable_the_launcher_sets_is_refused_in_extra_env(tmp_path):
     argv = serve_commands(dry_run(tmp_path, HF_TOKEN_FILE="/tok", **PINNED))[1][1]
     names = sorted({argv[i + 1].split("=", 1)[0] for i, word in enumerate(argv) if word == "--env"})
-    assert len(names) == 26  # HF 2, engines 5, JIT caches 7, the link 11, memory 1
+    assert len(names) == 29  # HF 2, engines 5, JIT caches 7, the link 11, levers 3, memory 1
     # The Python core's check itself, once per name (a whole run.sh each is slow).
     for name in names:
         line = core_refusal(tmp_path, EXTRA_ENV=f"{name}=1", HF_TOKEN_FILE="/tok", **PINNED)
@@ -349,7 +361,7 @@ def test_none_leaves_optional_flags_and_the_jit_cache_out(tmp_path):
 def test_dflash2_g_says_licence_and_window_and_serves_the_derived_dir(tmp_path):
     stdout = dry_run(tmp_path, DRAFTER="dflash2-g", DRAFTER_WINDOW=4096, **PINNED)
     derived = f"/root/.cache/huggingface/glm53-drafters/dflash2-g-{DRAFTER_PIN}"
-    assert_ranks(stdout, 2, dflash(5, derived) + graphs(1, 2, 4, 6, 12, 18, 24))
+    assert_ranks(stdout, 2, dflash(directory=derived) + graphs(1, 2, 4, 8, 16))
     assert ("drafter canada-quant/GLM-5.3-Flash-DFlash2-G (Apache-2.0), 8 full-attention "
             "layers served at a 4096-token window, non-causal, mask row from mask_embedding.pt"
             ) in startup_line(stdout)
@@ -368,7 +380,7 @@ def test_local_drafter_is_mounted_read_only_and_not_fetched(tmp_path):
     checksum = os.popen(f"printf %s {shlex.quote(local)} | cksum").read().split()[0]
     derived = f"/root/.cache/huggingface/glm53-drafters/local-{checksum}"
     mount = ["--mount", f"type=bind,src={local},dst={local},readonly"]
-    assert_ranks(stdout, 2, dflash(5, derived) + graphs(1, 2, 4, 6, 12, 18, 24), mounts=mount)
+    assert_ranks(stdout, 2, dflash(directory=derived) + graphs(1, 2, 4, 8, 16), mounts=mount)
     assert "snapshot_download" not in stdout
     prepares = [argv for _, argv in node_commands(stdout) if "prepare-drafter" in " ".join(argv)]
     assert [argv[argv.index("/opt/glm53-recipe/scripts/prepare-drafter") + 1]
@@ -434,8 +446,8 @@ def test_streams_through_pv_when_it_is_installed(tmp_path):
     pv.write_text("#!/bin/sh\nexec cat\n")
     pv.chmod(pv.stat().st_mode | stat.S_IXUSR)
     stdout = dry_run(tmp_path, **PINNED)
-    assert (f"docker save glm53-sm121-v11 | pv --size '<image-bytes>' --name "
-            f"'glm53-sm121-v11 to {NODES[1]}' | ssh -o BatchMode=yes {NODES[1]} 'docker load'"
+    assert (f"docker save glm53-sm121-v13 | pv --size '<image-bytes>' --name "
+            f"'glm53-sm121-v13 to {NODES[1]}' | ssh -o BatchMode=yes {NODES[1]} 'docker load'"
             ) in stdout.splitlines()
 
 

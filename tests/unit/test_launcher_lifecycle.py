@@ -26,7 +26,7 @@ from tests.unit.test_launcher_support import (
 )
 
 HEAD, WORKER = NODES[0], NODES[1]
-IMAGE = "glm53-sm121-v11"
+IMAGE = "glm53-sm121-v13"  # the default IMAGE
 IMAGE_ID = "sha256:" + "1" * 64
 FAKE_CURL = """#!/bin/sh
 # Answers once FAKE_CURL_READY_AFTER polls were made; never when it is unset. Each poll's
@@ -193,7 +193,7 @@ def test_missing_image_and_missing_base_is_refused_with_how_to_get_the_base(tmp_
     assert result.returncode == 2
     assert result.stderr == (
         "refused: BASE_IMAGE=vllm/vllm-openai:glm53-flash-arm64-cu130: not on the head, so "
-        "glm53-sm121-v11 cannot be built; docker pull or docker load it (the vendor image the "
+        "glm53-sm121-v13 cannot be built; docker pull or docker load it (the vendor image the "
         "chain starts from is vllm/vllm-openai:glm53-flash-arm64-cu130), or set BASE_IMAGE to a "
         "base you have (passed to scripts/build.sh --base)\n")
     assert started(state) == []

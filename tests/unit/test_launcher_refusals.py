@@ -20,7 +20,7 @@ CTX_WHY = ("the 4445787956-byte KV pin holds about 400,497 fp8 tokens, so it can
 KV_WHY = ("above the 4445787956-byte pin, 5.0 GiB slowed decode 20-30% and 5.14 GiB crashed "
           "(unified memory); accepted: 1..4445787956, or set FORCE_UNSAFE_KV=1")
 STOCK_WHY = ("stock vllm/vllm-openai images lack the v9-v11 layers (DFlash2 backport, Glm5Next "
-             "tap capture, draft KV group); accepted: glm53-sm121-v11 (scripts/build.sh), or set "
+             "tap capture, draft KV group); accepted: glm53-sm121-v13 (scripts/build.sh), or set "
              "FORCE_STOCK_IMAGE=1")
 WORDS_WHY = "No closing quotation; accepted: shell words (quote a word that holds spaces or JSON)"
 TP_WHY = ("accepted: a multiple of the node count 2 (each node runs TP / nodes ranks), or empty "

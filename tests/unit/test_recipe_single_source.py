@@ -173,7 +173,7 @@ def test_the_launcher_reads_no_setting_the_recipe_does_not_define():
     ("launcher/x.py", "run(SPEC='mtp')\n"),
     ("scripts/x.sh", "#!/usr/bin/env bash\nreadonly MAX_MODEL_LEN=327680\n"),
     ("scripts/x.sh", "#!/usr/bin/env bash\necho \"${PORT:-8000}\"\n"),
-    ("docker/Dockerfile.x", "ARG IMAGE=glm53-sm121-v11\n"),
+    ("docker/Dockerfile.x", "ARG IMAGE=glm53-sm121-v13\n"),
     ("cluster.env.example", "#HF_CACHE=~/.cache/huggingface\n"),
     ("docs/x.md", "| `MAX_NUM_SEQS` | `4` | seqs |\n"),
 ])
