@@ -2,8 +2,9 @@
 
 Per node the rank container and its image ID against the head's, the speculative method
 and k in each rank's argv, the image levers it was started with (its GLM53_* variables, by
-knob: every rank must run the head's, and the head the settings'), the node's unified-memory facts (vm.swappiness, MemAvailable,
-other GPU containers; with MEM_PREFLIGHT=1), and on the head whether vLLM's /health says
+knob: every rank must run the head's, and the head the settings'), the node's
+unified-memory facts (vm.swappiness, MemAvailable, other GPU containers; with
+MEM_PREFLIGHT=1), and on the head whether vLLM's /health says
 the engine is up (a 503 there is a dead engine, which /v1/models hides for seconds) and
 /v1/models names the served model and max_model_len the settings say. Safe while serving
 (docker inspect, GET /health and GET /v1/models). One line per finding, then the state;
@@ -54,17 +55,21 @@ class Doctor:
         self.lever_knobs = {name: knob.name for knob in checked.recipe.knobs.values()
                             for name in knob.env if name.startswith("GLM53_")}
 
-    def lever_words(self, levers: dict[str, str]) -> str:
-        """A rank's levers as the knobs that set them, in recipe order (KPOOL_TAIL_FIX=1 ...)."""
+    def in_recipe_order(self, names) -> list[str]:
+        """GLM53_* names in the order of the knobs that set them; unknown ones last, sorted."""
         order = list(self.lever_knobs)
-        names = sorted(levers, key=lambda name: (order.index(name) if name in order
-                                                 else len(order), name))
-        return " ".join(f"{self.lever_knobs.get(name, name)}={levers[name]}" for name in names)
+        return sorted(names, key=lambda name: (order.index(name) if name in order
+                                               else len(order), name))
+
+    def lever_words(self, levers: dict[str, str]) -> str:
+        """A rank's levers as the knobs that set them (KPOOL_TAIL_FIX=1 ...)."""
+        return " ".join(f"{self.lever_knobs.get(name, name)}={levers[name]}"
+                        for name in self.in_recipe_order(levers))
 
     def lever_difference(self, found: dict[str, str], wanted: dict[str, str]) -> str:
         """The levers of FOUND that are not WANTED's: `KNOB=value (against value)`, unset
         where a side has no variable."""
-        names = sorted(set(found) | set(wanted))
+        names = self.in_recipe_order(set(found) | set(wanted))
         return ", ".join(f"{self.lever_knobs.get(name, name)}={found.get(name, 'unset')} "
                          f"(against {wanted.get(name, 'unset')})"
                          for name in names if found.get(name) != wanted.get(name))
@@ -110,7 +115,8 @@ class Doctor:
                     "should have")
             self.mismatches += 1
         levers = self.rank_levers[index] = plan.image_levers(env)
-        finding(f"{where}: {container} levers: {self.lever_words(levers) or 'none (no GLM53_* variable set)'}")
+        words = self.lever_words(levers) or "none (no GLM53_* variable set)"
+        finding(f"{where}: {container} levers: {words}")
 
     def check_levers(self) -> None:
         """Every running rank must have the head's levers, and the head the settings' (run.sh

@@ -77,10 +77,11 @@ SHORT_ID = "1" * 12
 GROUPS = "shared,mla,kda_o,kda_in,lm_head"
 # the defaults' levers (recipe.toml): the kpool fix, INT8 on five target groups, NVFP4 drafter
 LEVERS = f"KPOOL_TAIL_FIX=1 TARGET_WEIGHT_GROUPS_INT8={GROUPS} DRAFT_WEIGHTS=nvfp4"
+SPECULATION = f"image {SHORT_ID}, speculative method=dflash, k=7"
 RANK_LINES = [
-    f"doctor: {HEAD} (head): glm53-rank0 running, image {SHORT_ID}, speculative method=dflash, k=7",
+    f"doctor: {HEAD} (head): glm53-rank0 running, {SPECULATION}",
     f"doctor: {HEAD} (head): glm53-rank0 levers: {LEVERS}",
-    f"doctor: {WORKER} (worker 1): glm53-rank1 running, image {SHORT_ID}, speculative method=dflash, k=7",
+    f"doctor: {WORKER} (worker 1): glm53-rank1 running, {SPECULATION}",
     f"doctor: {WORKER} (worker 1): glm53-rank1 levers: {LEVERS}",
 ]
 
@@ -269,7 +270,7 @@ def test_ranks_whose_levers_differ_are_a_mismatch(tmp_path, cluster):
             "DRAFT_WEIGHTS=nvfp4") in lines
     assert lines[-2:] == [
         f"doctor: {WORKER} (worker 1): glm53-rank1 levers differ from the head's: "
-        f"TARGET_WEIGHT_GROUPS_INT8=mla (against {GROUPS}), KPOOL_TAIL_FIX=unset (against 1); "
+        f"KPOOL_TAIL_FIX=unset (against 1), TARGET_WEIGHT_GROUPS_INT8=mla (against {GROUPS}); "
         "the ranks must agree: ./stop.sh, then ./run.sh",
         "doctor: state mismatch (exit 5)"]
 

@@ -103,7 +103,8 @@ def link_env(rank):
 
 
 # The image v13 levers on by default (recipe.toml, the seed's v13 setting), after the link's.
-LEVER_ENV = ["--env", "GLM53_KPOOL_TAIL_FIX=1", "--env", "GLM53_INT8_W8A16=shared,mla,kda_o,kda_in,lm_head",
+LEVER_ENV = ["--env", "GLM53_KPOOL_TAIL_FIX=1",
+             "--env", "GLM53_INT8_W8A16=shared,mla,kda_o,kda_in,lm_head",
              "--env", "GLM53_DRAFT_WEIGHTS=nvfp4"]
 # CUDAGRAPH_MEMORY_ESTIMATE's default: vLLM's CUDA-graph memory estimate off on every rank.
 MEMORY_ENV = ["--env", "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0"]
