@@ -17,6 +17,33 @@ def _on(name: str) -> bool:
 KPOOL_TAIL_FIX = _on("GLM53_KPOOL_TAIL_FIX")
 ROUTER_FP32 = _on("GLM53_ROUTER_FP32")
 INDEXER_WS_FACTOR = _on("GLM53_INDEXER_WS_FACTOR")
+ADAPTIVE_VERIFY = _on("GLM53_ADAPTIVE_VERIFY")
+
+
+def _adaptive_verify_tau() -> float:
+    raw = os.environ.get("GLM53_ADAPTIVE_VERIFY_TAU", "0.3")
+    try:
+        tau = float(raw)
+    except ValueError:
+        tau = float("nan")
+    if not 0.0 <= tau <= 1.0:
+        raise ValueError(f"GLM53_ADAPTIVE_VERIFY_TAU={raw!r}: the drafter confidence a draft "
+                         "needs to be verified is a number in [0, 1]; set ADAPTIVE_VERIFY_TAU so")
+    return tau
+
+
+def _adaptive_verify_max() -> int | None:
+    raw = os.environ.get("GLM53_ADAPTIVE_VERIFY_MAX", "")
+    if raw == "":
+        return None
+    if not raw.isdigit():
+        raise ValueError(f"GLM53_ADAPTIVE_VERIFY_MAX={raw!r}: the most drafts verified a step is "
+                         "a whole number from 0 to the speculative tokens; set ADAPTIVE_VERIFY_MAX so")
+    return int(raw)
+
+
+ADAPTIVE_VERIFY_TAU = _adaptive_verify_tau() if ADAPTIVE_VERIFY else None
+ADAPTIVE_VERIFY_MAX = _adaptive_verify_max() if ADAPTIVE_VERIFY else None
 
 
 def next_power_of_two(value: int) -> int:
@@ -81,7 +108,7 @@ def kpool_tail_slots_without_positions(slot_mapping, common_attn_metadata, ring:
     pos = seq_lens.index_select(0, req) - (ends.index_select(0, req) - tokens)
     block = common_attn_metadata.block_table_tensor[:num_reqs, 0].index_select(0, req).to(torch.int64)
     slot_mapping[:num_tokens] = (block * ring + torch.remainder(pos, ring)).to(slot_mapping.dtype)
-    return slot_mapping
+    return adaptive_verify_tail_slots(slot_mapping, num_tokens)
 
 
 def router_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -92,3 +119,132 @@ def router_dtype(dtype: torch.dtype) -> torch.dtype:
 def indexer_workspace_factor(served: int) -> int:
     """Indexer prefill gather workspace, in entries per max_model_len token (1 when opted in)."""
     return 1 if INDEXER_WS_FACTOR else served
+
+
+# Adaptive verify: a greedy request verifies only its drafter's confident prefix, at fixed
+# shapes. The drafts past it become -1 (the rejection sampler rejects them before they
+# can be accepted); the rows holding them reuse their anchor row's experts at weight 0 and
+# get tail slot -1. Rows up to the first masked draft see only unmasked inputs, so the
+# tokens a step emits are those of verifying the prefix alone. Requests sampled at a
+# temperature verify every draft: a -1 draft's resample would draw from the residual
+# max(p - q, 0) of the drafter's cached distribution, not from p.
+
+
+class _AdaptiveVerifyState:
+    def __init__(self, scores: torch.Tensor, num_speculative_tokens: int, max_num_reqs: int) -> None:
+        limit = num_speculative_tokens if ADAPTIVE_VERIFY_MAX is None else ADAPTIVE_VERIFY_MAX
+        if limit > num_speculative_tokens:
+            raise ValueError(
+                f"GLM53_ADAPTIVE_VERIFY_MAX={limit}: above the {num_speculative_tokens} speculative "
+                "tokens a step drafts; set ADAPTIVE_VERIFY_MAX to at most that"
+            )
+        self.limit = limit
+        self.scores = scores
+        # every draft verified until the drafter has reported on the request
+        self.verify_len = torch.full((max_num_reqs,), num_speculative_tokens, dtype=torch.int32,
+                                     device=scores.device)
+
+
+_STATE: _AdaptiveVerifyState | None = None
+# Per-row routing for the target's MoE layers, sized by the first (largest: the memory
+# profile's) forward so CUDA graphs captured later read these same buffers.
+_ROW_SOURCE: torch.Tensor | None = None
+_ROW_KEEP: torch.Tensor | None = None
+
+
+def _selector_scores(speculator) -> torch.Tensor | None:
+    """The realized DFlash2 selector scores ``[reqs, k, top_k]`` of the last drafting step."""
+    scores = getattr(speculator, "_selector_scores", None)  # 0.28.0 to 0.30.0 and v9
+    if scores is None:
+        scores = getattr(getattr(speculator, "candidate_sampler", None), "scores", None)  # 0.33.0
+    return scores
+
+
+def adaptive_verify_record(speculator, input_batch) -> None:
+    """After drafting: each request's confident prefix, the drafts its next step verifies.
+
+    A draft's confidence is the selector's probability of its choice (greedy: the largest
+    softmax of its realized scores); the prefix ends at the first draft below tau.
+    """
+    global _STATE
+    if not ADAPTIVE_VERIFY or speculator is None:
+        return
+    if _STATE is None:
+        scores = _selector_scores(speculator)
+        if scores is None:
+            raise RuntimeError(
+                f"GLM53_ADAPTIVE_VERIFY=1: the drafter {type(speculator).__name__} reports no "
+                "selector confidence (only DFlash2 does); set ADAPTIVE_VERIFY=0 with this drafter"
+            )
+        _STATE = _AdaptiveVerifyState(scores, scores.shape[1], scores.shape[0])
+    num_reqs = int(input_batch.num_reqs)
+    confidence = torch.softmax(_STATE.scores[:num_reqs].float(), dim=-1).amax(dim=-1)
+    prefix = (confidence >= ADAPTIVE_VERIFY_TAU).to(torch.int32).cumprod(dim=1).sum(dim=1)
+    _STATE.verify_len[input_batch.idx_mapping[:num_reqs].long()] = prefix.clamp(max=_STATE.limit).to(torch.int32)
+
+
+def adaptive_verify_masked(expanded_idx_mapping, expanded_local_pos, temperature):
+    """Per logits row: whether the draft it holds is past its request's confident prefix."""
+    if _STATE is None:
+        return None
+    req = expanded_idx_mapping.long()
+    draft = expanded_local_pos.long() - 1  # the draft a row holds; -1 at the anchor row
+    greedy = temperature.index_select(0, req) == 0
+    return (draft >= 0) & (draft >= _STATE.verify_len.index_select(0, req)) & greedy
+
+
+def adaptive_verify_drafts(draft_sampled, expanded_idx_mapping, expanded_local_pos, temperature):
+    """The drafts the rejection sampler checks: -1 past the confident prefix."""
+    masked = adaptive_verify_masked(expanded_idx_mapping, expanded_local_pos, temperature)
+    if masked is None:
+        return draft_sampled
+    return draft_sampled.masked_fill(masked, -1)
+
+
+def adaptive_verify_rows(input_batch, sampler, vllm_config) -> None:
+    """Before the target's forward: the rows holding masked drafts take their anchor row's
+    experts at weight 0 (written in place into the routing buffers)."""
+    if _ROW_SOURCE is None:
+        return
+    _ROW_SOURCE.copy_(torch.arange(_ROW_SOURCE.shape[0], device=_ROW_SOURCE.device))
+    _ROW_KEEP.fill_(1.0)
+    # sequence-parallel MoE routes a slice of the rows on each rank: row numbers would not
+    # match, so the routing stays as served there (the masked drafts are still rejected)
+    if getattr(vllm_config.parallel_config, "use_sequence_parallel_moe", False):
+        return
+    if sampler is None or _STATE is None:
+        return
+    masked = adaptive_verify_masked(input_batch.expanded_idx_mapping, input_batch.expanded_local_pos,
+                                    sampler.sampling_states.temperature.gpu)
+    rows = input_batch.logits_indices.long()
+    if rows.numel() == 0 or masked is None:
+        return
+    local = input_batch.expanded_local_pos.long()
+    anchor = rows.index_select(0, torch.arange(rows.shape[0], device=rows.device) - local)
+    fits = rows < _ROW_SOURCE.shape[0]
+    _ROW_SOURCE.scatter_(0, rows[fits], torch.where(masked, anchor, rows)[fits])
+    _ROW_KEEP.scatter_(0, rows[fits], (~masked[fits]).to(_ROW_KEEP.dtype))
+
+
+def adaptive_verify_route(topk_weights: torch.Tensor, topk_ids: torch.Tensor):
+    """The router's choice with masked rows on their anchor's experts at weight 0."""
+    global _ROW_SOURCE, _ROW_KEEP
+    if not ADAPTIVE_VERIFY:
+        return topk_weights, topk_ids
+    rows = topk_ids.shape[0]
+    if _ROW_SOURCE is None:
+        _ROW_SOURCE = torch.arange(rows, device=topk_ids.device)
+        _ROW_KEEP = torch.ones(rows, dtype=torch.float32, device=topk_ids.device)
+    if rows > _ROW_SOURCE.shape[0]:
+        return topk_weights, topk_ids  # more rows than the buffers: route as served (lossless)
+    source = _ROW_SOURCE[:rows]
+    keep = _ROW_KEEP[:rows].to(topk_weights.dtype).unsqueeze(1)
+    return topk_weights.index_select(0, source) * keep, topk_ids.index_select(0, source)
+
+
+def adaptive_verify_tail_slots(slot_mapping: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """Tail slot -1 (never stashed) for the rows holding masked drafts."""
+    if ADAPTIVE_VERIFY and _ROW_KEEP is not None and num_tokens <= _ROW_KEEP.shape[0]:
+        head = slot_mapping[:num_tokens]
+        head.masked_fill_(_ROW_KEEP[:num_tokens] == 0, -1)
+    return slot_mapping

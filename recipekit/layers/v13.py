@@ -15,7 +15,7 @@ from recipekit.exact_patch import FileEdit, PatchPlan, PatchRefused
 from recipekit.layers import Layer
 from recipekit.layers.glm5next import NO_GLM5NEXT, PACKAGE
 from recipekit.layers.sm121_edits import Finding
-from recipekit.layers.v13_groups import GROUPS, SWITCHES, Group
+from recipekit.layers.v13_groups import GROUPS, SWITCHES, Either, Group
 from recipekit.tree import TreeView
 
 HELPER_SOURCE = PATCHES_DIR / "v13" / "glm53_v13_switches.py"
@@ -28,14 +28,17 @@ class _Drift(Exception):
 def _edit_file(text: str, edits, where: str) -> tuple[str, list[str]]:
     """``text`` with ``edits`` made, and the state of each edit (present or applied)."""
     states = []
-    for edit in edits:
-        if text.count(edit.evidence) == edit.count:
+    for change in edits:
+        options = change.options if isinstance(change, Either) else (change,)
+        present = next((e for e in options if text.count(e.evidence) == e.count), None)
+        if present is not None:
             states.append("present")
             continue
-        found = text.count(edit.anchor)
-        if found != edit.count:
-            first = edit.anchor.strip().splitlines()[0]
-            raise _Drift(f"{where}: expected {first!r} {edit.count} time(s), found it {found}")
+        edit = next((e for e in options if text.count(e.anchor) == e.count), None)
+        if edit is None:
+            wanted = " or ".join(repr(e.anchor.strip().splitlines()[0]) for e in options)
+            found = " and ".join(str(text.count(e.anchor)) for e in options)
+            raise _Drift(f"{where}: expected {wanted} {options[0].count} time(s), found it {found}")
         text = text.replace(edit.anchor, edit.replacement)
         states.append("applied")
     return text, states
@@ -44,8 +47,10 @@ def _edit_file(text: str, edits, where: str) -> tuple[str, list[str]]:
 class V13Layer(Layer):
     name = "v13"
 
-    def __init__(self, groups: tuple[Group, ...] = GROUPS) -> None:
+    def __init__(self, groups: tuple[Group, ...] = GROUPS, *, needs_glm5next: bool = True) -> None:
         self.groups = groups
+        # the engine tier lays the adaptive-verify group alone onto a release without Glm5Next
+        self.needs_glm5next = needs_glm5next
         self.findings: list[Finding] = []
 
     def survey(self, view: TreeView) -> tuple[list[Finding], dict[str, tuple[str, str]]]:
@@ -86,7 +91,7 @@ class V13Layer(Layer):
         return findings, edited
 
     def plan(self, view: TreeView) -> PatchPlan:
-        if not view.exists(f"{PACKAGE}/__init__.py"):
+        if self.needs_glm5next and not view.exists(f"{PACKAGE}/__init__.py"):
             raise PatchRefused(NO_GLM5NEXT.replace("v10 and v11 need", "v13 needs"))
         self.findings, edits = self.survey(view)
         refused = [f for f in self.findings if f.status == "refused"]

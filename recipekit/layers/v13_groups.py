@@ -21,6 +21,9 @@ TAIL_CACHE = "vllm/models/glm5next/nvidia/attention.py"
 INDEXER = "vllm/v1/attention/backends/mla/indexer.py"
 # Glm5NextMoE's gate: 0.30.0 and the fork keep the model under nvidia/, 0.33.0 under common/.
 MODELS = ("vllm/models/glm5next/nvidia/model.py", "vllm/models/glm5next/common/model.py")
+REJECTION_SAMPLER = "vllm/v1/worker/gpu/spec_decode/rejection_sampler.py"
+MODEL_RUNNER = "vllm/v1/worker/gpu/model_runner.py"
+ROUTER = "vllm/model_executor/layers/fused_moe/router/base_router.py"
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,14 @@ class Edit:
         return self.marker or self.replacement
 
 
+@dataclass(frozen=True)
+class Either:
+    """One change that bases word differently: the first option whose anchor (or evidence)
+    the file holds the expected number of times."""
+
+    options: tuple[Edit, ...]
+
+
 def imports(*names: str) -> Edit:
     """Our switches imported right after the file's ``import torch``."""
     line = f"from vllm.glm53_v13_switches import {', '.join(names)}\n"
@@ -50,7 +61,7 @@ class Group:
     id: str
     variable: str
     summary: str
-    edits: dict[str, tuple[Edit, ...]]  # file -> its edits (a tuple of candidate files: the first present)
+    edits: dict[str | tuple[str, ...], tuple[Edit | Either, ...]]  # file -> its edits (a tuple of candidate files: the first present)
     provided_by: Callable[[TreeView], str | None] = lambda view: None
 
 
@@ -201,4 +212,66 @@ INDEXER_WS_FACTOR = Group(
     provided_by=_workspace_factor_upstream,
 )
 
-GROUPS: tuple[Group, ...] = (KPOOL_TAIL_FIX, ROUTER_FP32, INDEXER_WS_FACTOR)
+_VERIFY_ARGS = (
+    "                expanded_idx_mapping,\n"
+    "                expanded_local_pos,\n"
+    "                self.sampler.sampling_states.temperature.gpu,\n"
+    "            ),\n"
+)
+
+ADAPTIVE_VERIFY = Group(
+    id="adaptive-verify",
+    variable="GLM53_ADAPTIVE_VERIFY",
+    summary=(
+        "a greedy request verifies only the DFlash2 drafter's confident prefix (selector "
+        "confidence >= GLM53_ADAPTIVE_VERIFY_TAU, at most GLM53_ADAPTIVE_VERIFY_MAX drafts) "
+        "at unchanged shapes: later drafts become -1 for the rejection sampler, their rows "
+        "reuse the anchor row's experts at weight 0 and get tail slot -1"
+    ),
+    edits={
+        REJECTION_SAMPLER: (
+            imports("adaptive_verify_drafts"),
+            Either((
+                # 0.28.0 to 0.30.0 and the fork (v9): apply_sampling_params has used the drafts
+                Edit(
+                    "        sampled, num_sampled = rejection_sample(\n"
+                    "            processed_logits,\n            draft_logits,\n            draft_sampled,\n",
+                    "        sampled, num_sampled = rejection_sample(\n"
+                    "            processed_logits,\n            draft_logits,\n"
+                    "            adaptive_verify_drafts(\n                draft_sampled,\n" + _VERIFY_ARGS,
+                ),
+                # 0.33.0 passes the rejection kernels their own copy of the drafts
+                Edit(
+                    "        sampled, num_sampled = rejection_sample(\n"
+                    "            processed_logits,\n            draft_logits,\n            verify_draft_sampled,\n",
+                    "        sampled, num_sampled = rejection_sample(\n"
+                    "            processed_logits,\n            draft_logits,\n"
+                    "            adaptive_verify_drafts(\n                verify_draft_sampled,\n" + _VERIFY_ARGS,
+                ),
+            )),
+        ),
+        MODEL_RUNNER: (
+            imports("adaptive_verify_record", "adaptive_verify_rows"),
+            Edit(
+                "            block_tables, slot_mappings = self.prepare_attn(input_batch)\n",
+                "            block_tables, slot_mappings = self.prepare_attn(input_batch)\n"
+                "            adaptive_verify_rows(input_batch, getattr(self, \"sampler\", None), self.vllm_config)\n",
+            ),
+            Edit(
+                "            self.req_states.draft_tokens[input_batch.idx_mapping] = draft_tokens\n",
+                "            self.req_states.draft_tokens[input_batch.idx_mapping] = draft_tokens\n"
+                "            adaptive_verify_record(self.speculator, input_batch)\n",
+            ),
+        ),
+        ROUTER: (
+            imports("adaptive_verify_route"),
+            Edit(
+                "        # Capture logical ids before EPLB mapping.\n        if self.capture_fn is not None:\n",
+                "        topk_weights, topk_ids = adaptive_verify_route(topk_weights, topk_ids)\n\n"
+                "        # Capture logical ids before EPLB mapping.\n        if self.capture_fn is not None:\n",
+            ),
+        ),
+    },
+)
+
+GROUPS: tuple[Group, ...] = (KPOOL_TAIL_FIX, ROUTER_FP32, INDEXER_WS_FACTOR, ADAPTIVE_VERIFY)

