@@ -163,6 +163,23 @@ def _kpool_ring(checked: Checked, knob: Knob) -> None:
                       f"{ring}, or set KPOOL_TAIL_FIX=0")
 
 
+def _adaptive_verify(checked: Checked, knob: Knob) -> None:
+    if checked["ADAPTIVE_VERIFY"] == "":  # on wherever the drafter reports a confidence
+        checked.values["ADAPTIVE_VERIFY"] = "1" if checked["SPEC"] == "dflash2" else "0"
+    if checked["ADAPTIVE_VERIFY"] == "1" and checked["SPEC"] != "dflash2":
+        raise refusal("ADAPTIVE_VERIFY", "1", f"adaptive verify needs a drafter that reports "
+                      f"confidence (DFlash2's selector); SPEC={checked['SPEC']} has none: set "
+                      "ADAPTIVE_VERIFY=0")
+
+
+def _adaptive_verify_max(checked: Checked, knob: Knob) -> None:
+    most = checked["ADAPTIVE_VERIFY_MAX"]
+    if most and checked["ADAPTIVE_VERIFY"] == "1" and int(most) > int(checked["NUM_SPECULATIVE_TOKENS"]):
+        raise refusal("ADAPTIVE_VERIFY_MAX", most, "a step cannot verify more drafts than it "
+                      f"drafts; accepted: 0 to NUM_SPECULATIVE_TOKENS ({checked['NUM_SPECULATIVE_TOKENS']}), "
+                      "or empty for all")
+
+
 def _model(checked: Checked, knob: Knob) -> None:
     model = checked["MODEL"]
     if model.startswith("/"):
@@ -273,7 +290,8 @@ RULES: dict[str, Callable[[Checked, Knob], None]] = {
     "serving_image": _serving_image, "model": _model, "model_revision": _model_revision,
     "nodes": _nodes, "tensor_parallel": _tensor_parallel, "master_port": _master_port,
     "remote_exec": _remote_exec, "extra_args": _extra_args, "extra_env": _extra_env,
-    "kpool_ring": _kpool_ring,
+    "kpool_ring": _kpool_ring, "adaptive_verify": _adaptive_verify,
+    "adaptive_verify_max": _adaptive_verify_max,
 }
 
 

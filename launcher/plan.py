@@ -307,6 +307,8 @@ def rank_options(launch: Launch, rank: int) -> list[tuple[str, str]]:
         value = launch[knob.name]
         if knob.type == "flag" and value == "0":
             continue  # off: the variable is not set at all, as an image layer's lever expects
+        if knob.only_with and launch[knob.only_with] != "1":
+            continue  # a setting of a lever that is off
         if knob.env and value and (knob.when != "multi-node" or multi_node):
             options += [_env(name, value) for name in knob.env]
     placed = {value.split("=", 1)[0] for kind, value in options if kind == "--env"}
@@ -463,7 +465,9 @@ def startup_line(launch: Launch, drafter_phrase: str) -> str:
         mode = f"CUDA graphs (capture {','.join(map(str, capture_sizes(launch)))})"
     kv = launch["KV_CACHE_MEMORY_BYTES"]
     switches = image_switches_on(launch)
-    image = f"image {launch['IMAGE']}" + (f" ({' '.join(switches)} on)" if switches else "")
+    verify = (f"; verify tau {launch['ADAPTIVE_VERIFY_TAU']}, max {launch['ADAPTIVE_VERIFY_MAX'] or k}"
+              if launch["ADAPTIVE_VERIFY"] == "1" else "")
+    image = f"image {launch['IMAGE']}" + (f" ({' '.join(switches)} on{verify})" if switches else "")
     return (f"model {model}, {drafter}, context {launch['MAX_MODEL_LEN']}, "
             f"{launch['MAX_NUM_SEQS']} seqs, {mode}, KV pin {kv} bytes ({gib(int(kv))} GiB "
             f"{launch['KV_CACHE_DTYPE']}){weights_phrase(launch)}, {image}, nodes "

@@ -21,7 +21,7 @@ _KNOB_FIELDS = {
     "type", "default", "choices", "choices_why", "min", "max", "range_why", "pattern",
     "accepted", "optional", "none", "safe_max", "safe", "force", "unsafe_why", "rule",
     "flag", "env", "when", "sets", "why", "source", "front", "mount", "prefixes", "required",
-    "unset_why", "relative_to",
+    "unset_why", "relative_to", "only_with",
 }
 
 
@@ -67,6 +67,7 @@ class Knob:
     required: str = ""
     unset_why: str = ""
     relative_to: str = ""
+    only_with: str = ""  # a flag knob: this knob's variables are set only while it is 1
 
 
 @dataclass(frozen=True)
@@ -190,7 +191,7 @@ def _knob(name: str, table: dict, sources: dict) -> Knob:
         front=bool(table.get("front", False)), mount=bool(table.get("mount", False)),
         prefixes=_words(table.get("prefixes", []), f"{where} prefixes"),
         required=table.get("required", ""), unset_why=table.get("unset_why", ""),
-        relative_to=table.get("relative_to", ""),
+        relative_to=table.get("relative_to", ""), only_with=table.get("only_with", ""),
     )
 
 
@@ -212,6 +213,9 @@ def parse(data: dict) -> Recipe:
     for knob in knobs.values():
         if knob.force and (knob.force not in knobs or knobs[knob.force].type != "flag"):
             raise RecipeError(f"recipe.toml: [knobs.{knob.name}] force = {knob.force!r}: "
+                              "not a flag knob")
+        if knob.only_with and (knob.only_with not in knobs or knobs[knob.only_with].type != "flag"):
+            raise RecipeError(f"recipe.toml: [knobs.{knob.name}] only_with = {knob.only_with!r}: "
                               "not a flag knob")
     profiles = {}
     for name, table in data["profiles"].items():

@@ -76,7 +76,8 @@ def edit_container(state, node, name, **fields):
 SHORT_ID = "1" * 12
 GROUPS = "shared,mla,kda_o,kda_in,lm_head"
 # the defaults' levers (recipe.toml): the kpool fix, INT8 on five target groups, NVFP4 drafter
-LEVERS = f"KPOOL_TAIL_FIX=1 TARGET_WEIGHT_GROUPS_INT8={GROUPS} DRAFT_WEIGHTS=nvfp4"
+LEVERS = (f"KPOOL_TAIL_FIX=1 ADAPTIVE_VERIFY=1 ADAPTIVE_VERIFY_TAU=0.3 "
+          f"TARGET_WEIGHT_GROUPS_INT8={GROUPS} DRAFT_WEIGHTS=nvfp4")
 SPECULATION = f"image {SHORT_ID}, speculative method=dflash, k=7"
 RANK_LINES = [
     f"doctor: {HEAD} (head): glm53-rank0 running, {SPECULATION}",
@@ -233,8 +234,10 @@ def test_each_rank_shows_the_levers_its_container_was_started_with(tmp_path, clu
     result = doctor(tmp_path, cluster, TARGET_WEIGHT_GROUPS_INT8="none", DRAFT_WEIGHTS="bf16",
                     INT_GROUP_SIZE="64")
     lines = result.stdout.splitlines()
-    assert f"doctor: {HEAD} (head): glm53-rank0 levers: KPOOL_TAIL_FIX=1 INT_GROUP_SIZE=64" in lines
-    assert (f"doctor: {WORKER} (worker 1): glm53-rank1 levers: KPOOL_TAIL_FIX=1 "
+    verify = "ADAPTIVE_VERIFY=1 ADAPTIVE_VERIFY_TAU=0.3"
+    assert (f"doctor: {HEAD} (head): glm53-rank0 levers: KPOOL_TAIL_FIX=1 {verify} "
+            "INT_GROUP_SIZE=64") in lines
+    assert (f"doctor: {WORKER} (worker 1): glm53-rank1 levers: KPOOL_TAIL_FIX=1 {verify} "
             "INT_GROUP_SIZE=64") in lines
     # DRAFT_WEIGHTS=bf16 sets GLM53_DRAFT_WEIGHTS=bf16, which these ranks were not started with
     assert result.returncode == 5
@@ -266,8 +269,8 @@ def test_ranks_whose_levers_differ_are_a_mismatch(tmp_path, cluster):
     result = doctor(tmp_path, cluster)
     assert result.returncode == 5
     lines = result.stdout.splitlines()
-    assert (f"doctor: {WORKER} (worker 1): glm53-rank1 levers: TARGET_WEIGHT_GROUPS_INT8=mla "
-            "DRAFT_WEIGHTS=nvfp4") in lines
+    assert (f"doctor: {WORKER} (worker 1): glm53-rank1 levers: ADAPTIVE_VERIFY=1 "
+            "ADAPTIVE_VERIFY_TAU=0.3 TARGET_WEIGHT_GROUPS_INT8=mla DRAFT_WEIGHTS=nvfp4") in lines
     assert lines[-2:] == [
         f"doctor: {WORKER} (worker 1): glm53-rank1 levers differ from the head's: "
         f"KPOOL_TAIL_FIX=unset (against 1), TARGET_WEIGHT_GROUPS_INT8=mla (against {GROUPS}); "

@@ -27,7 +27,7 @@ from tests.unit.test_launcher_support import (
 # The whole DRY_RUN of `NODES="192.0.2.1 192.0.2.2" IFACE=ifx0 HCA=hca0 DRY_RUN=1 ./run.sh`
 # on a fresh clone, reviewed line by line. The model and the drafter are pinned already
 # (the seed's commits), so nothing is resolved.
-DEFAULTS_DRY_RUN = r"""# glm53: model LibertAIDAI/GLM-5.3-Flash-NVFP4@aa28e1f54130286c95fee10d0705c74ce8743734, drafter incoai/GLM-5.3-Flash-DFlash2 (CC BY-NC-ND 4.0, non-commercial), 5 sliding layers, window 2048, non-causal, mask row from an embedding table, revision 7d74cdd881ed7e32c31175984a67823127b66cfe, k=7, context 327680, 2 seqs, CUDA graphs (capture 1,2,4,8,16), KV pin 4445787956 bytes (4.14 GiB fp8_e4m3), weight-only target int8 g128 shared,mla,kda_o,kda_in,lm_head, drafter nvfp4, image glm53-sm121-v13 (KPOOL_TAIL_FIX on), nodes 192.0.2.1 192.0.2.2 (TP=2)
+DEFAULTS_DRY_RUN = r"""# glm53: model LibertAIDAI/GLM-5.3-Flash-NVFP4@aa28e1f54130286c95fee10d0705c74ce8743734, drafter incoai/GLM-5.3-Flash-DFlash2 (CC BY-NC-ND 4.0, non-commercial), 5 sliding layers, window 2048, non-causal, mask row from an embedding table, revision 7d74cdd881ed7e32c31175984a67823127b66cfe, k=7, context 327680, 2 seqs, CUDA graphs (capture 1,2,4,8,16), KV pin 4445787956 bytes (4.14 GiB fp8_e4m3), weight-only target int8 g128 shared,mla,kda_o,kda_in,lm_head, drafter nvfp4, image glm53-sm121-v13 (KPOOL_TAIL_FIX ADAPTIVE_VERIFY on; verify tau 0.3, max 7), nodes 192.0.2.1 192.0.2.2 (TP=2)
 # refuse if a glm53.launcher=serve container is running on any node; then remove exited ones
 docker ps --filter label=glm53.launcher=serve --format '{{.Names}}'
 ssh -o BatchMode=yes 192.0.2.2 'docker ps --filter label=glm53.launcher=serve --format '\''{{.Names}}'\'''
@@ -58,8 +58,8 @@ docker run --rm --label glm53.launcher=tool --network none --mount type=bind,src
 ssh -o BatchMode=yes 192.0.2.2 'docker run --rm --label glm53.launcher=tool --network host --mount type=bind,src=/home/user/.cache/huggingface,dst=/root/.cache/huggingface --env HF_HOME=/root/.cache/huggingface --entrypoint python3 glm53-sm121-v13 -c '\''import sys; from huggingface_hub import snapshot_download; print(snapshot_download(sys.argv[1], revision=sys.argv[2]))'\'' incoai/GLM-5.3-Flash-DFlash2 7d74cdd881ed7e32c31175984a67823127b66cfe'
 ssh -o BatchMode=yes 192.0.2.2 'docker run --rm --label glm53.launcher=tool --network none --mount type=bind,src=/home/user/.cache/huggingface,dst=/root/.cache/huggingface --env HF_HOME=/root/.cache/huggingface --entrypoint python3 glm53-sm121-v13 /opt/glm53-recipe/scripts/prepare-drafter /root/.cache/huggingface/hub/models--incoai--GLM-5.3-Flash-DFlash2/snapshots/7d74cdd881ed7e32c31175984a67823127b66cfe --out /root/.cache/huggingface/glm53-drafters/incoai-7d74cdd881ed7e32c31175984a67823127b66cfe --window 2048 --json'
 # start one rank per node, head first
-docker run --detach --name glm53-rank0 --label glm53.launcher=serve --label glm53.rank=0 --network host --ipc host --shm-size 32g --cap-add IPC_LOCK --restart no --gpus all --device /dev/infiniband --ulimit memlock=-1:-1 --mount type=bind,src=/home/user/.cache/huggingface,dst=/root/.cache/huggingface --env HF_HOME=/root/.cache/huggingface --env TORCH_CUDA_ARCH_LIST=12.1a --env FLASHINFER_CUDA_ARCH_LIST=12.1a --env FLASHINFER_DISABLE_VERSION_CHECK=1 --env VLLM_ENGINE_READY_TIMEOUT_S=3600 --env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True --mount 'type=bind,src=/home/user/.cache/glm53-jit/<image-id>,dst=/var/cache/glm53-jit' --env VLLM_CACHE_ROOT=/var/cache/glm53-jit/vllm --env FLASHINFER_WORKSPACE_BASE=/var/cache/glm53-jit/flashinfer --env DG_JIT_CACHE_DIR=/var/cache/glm53-jit/deep_gemm --env TRITON_CACHE_DIR=/var/cache/glm53-jit/triton --env TILELANG_CACHE_DIR=/var/cache/glm53-jit/tilelang --env TORCHINDUCTOR_CACHE_DIR=/var/cache/glm53-jit/inductor --env CUDA_CACHE_PATH=/var/cache/glm53-jit/cuda --env VLLM_HOST_IP=192.0.2.1 --env NCCL_SOCKET_IFNAME=ifx0 --env GLOO_SOCKET_IFNAME=ifx0 --env TP_SOCKET_IFNAME=ifx0 --env NCCL_IB_HCA=hca0 --env NCCL_NET=IB --env NCCL_IB_DISABLE=0 --env NCCL_CROSS_NIC=1 --env NCCL_NVLS_ENABLE=0 --env NCCL_CUMEM_ENABLE=0 --env NCCL_DEBUG=WARN --env GLM53_KPOOL_TAIL_FIX=1 --env GLM53_INT8_W8A16=shared,mla,kda_o,kda_in,lm_head --env GLM53_DRAFT_WEIGHTS=nvfp4 --env VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 --entrypoint vllm glm53-sm121-v13 serve LibertAIDAI/GLM-5.3-Flash-NVFP4 --revision aa28e1f54130286c95fee10d0705c74ce8743734 --host 0.0.0.0 --port 8000 --tensor-parallel-size 2 --max-model-len 327680 --kv-cache-dtype fp8_e4m3 --kv-cache-memory-bytes 4445787956 --gpu-memory-utilization 0.85 --max-num-seqs 2 --block-size 2304 --moe-backend marlin --linear-backend marlin --speculative-config '{"method":"dflash","model":"/root/.cache/huggingface/glm53-drafters/incoai-7d74cdd881ed7e32c31175984a67823127b66cfe","num_speculative_tokens":7}' --compilation-config '{"cudagraph_capture_sizes":[1,2,4,8,16]}' --tool-call-parser glm47 --enable-auto-tool-choice --reasoning-parser glm45 --default-chat-template-kwargs '{"enable_thinking": false}' --served-model-name glm-5.3-flash --trust-remote-code --mm-processor-cache-gb 1 --override-generation-config '{"max_new_tokens": 65536}' --nnodes 2 --node-rank 0 --master-addr 192.0.2.1 --master-port 29501 --distributed-executor-backend mp
-ssh -o BatchMode=yes 192.0.2.2 'docker run --detach --name glm53-rank1 --label glm53.launcher=serve --label glm53.rank=1 --network host --ipc host --shm-size 32g --cap-add IPC_LOCK --restart no --gpus all --device /dev/infiniband --ulimit memlock=-1:-1 --mount type=bind,src=/home/user/.cache/huggingface,dst=/root/.cache/huggingface --env HF_HOME=/root/.cache/huggingface --env TORCH_CUDA_ARCH_LIST=12.1a --env FLASHINFER_CUDA_ARCH_LIST=12.1a --env FLASHINFER_DISABLE_VERSION_CHECK=1 --env VLLM_ENGINE_READY_TIMEOUT_S=3600 --env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True --mount '\''type=bind,src=/home/user/.cache/glm53-jit/<image-id>,dst=/var/cache/glm53-jit'\'' --env VLLM_CACHE_ROOT=/var/cache/glm53-jit/vllm --env FLASHINFER_WORKSPACE_BASE=/var/cache/glm53-jit/flashinfer --env DG_JIT_CACHE_DIR=/var/cache/glm53-jit/deep_gemm --env TRITON_CACHE_DIR=/var/cache/glm53-jit/triton --env TILELANG_CACHE_DIR=/var/cache/glm53-jit/tilelang --env TORCHINDUCTOR_CACHE_DIR=/var/cache/glm53-jit/inductor --env CUDA_CACHE_PATH=/var/cache/glm53-jit/cuda --env VLLM_HOST_IP=192.0.2.2 --env NCCL_SOCKET_IFNAME=ifx0 --env GLOO_SOCKET_IFNAME=ifx0 --env TP_SOCKET_IFNAME=ifx0 --env NCCL_IB_HCA=hca0 --env NCCL_NET=IB --env NCCL_IB_DISABLE=0 --env NCCL_CROSS_NIC=1 --env NCCL_NVLS_ENABLE=0 --env NCCL_CUMEM_ENABLE=0 --env NCCL_DEBUG=WARN --env GLM53_KPOOL_TAIL_FIX=1 --env GLM53_INT8_W8A16=shared,mla,kda_o,kda_in,lm_head --env GLM53_DRAFT_WEIGHTS=nvfp4 --env VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 --entrypoint vllm glm53-sm121-v13 serve LibertAIDAI/GLM-5.3-Flash-NVFP4 --revision aa28e1f54130286c95fee10d0705c74ce8743734 --tensor-parallel-size 2 --max-model-len 327680 --kv-cache-dtype fp8_e4m3 --kv-cache-memory-bytes 4445787956 --gpu-memory-utilization 0.85 --max-num-seqs 2 --block-size 2304 --moe-backend marlin --linear-backend marlin --speculative-config '\''{"method":"dflash","model":"/root/.cache/huggingface/glm53-drafters/incoai-7d74cdd881ed7e32c31175984a67823127b66cfe","num_speculative_tokens":7}'\'' --compilation-config '\''{"cudagraph_capture_sizes":[1,2,4,8,16]}'\'' --tool-call-parser glm47 --enable-auto-tool-choice --reasoning-parser glm45 --default-chat-template-kwargs '\''{"enable_thinking": false}'\'' --served-model-name glm-5.3-flash --trust-remote-code --mm-processor-cache-gb 1 --override-generation-config '\''{"max_new_tokens": 65536}'\'' --nnodes 2 --node-rank 1 --master-addr 192.0.2.1 --master-port 29501 --distributed-executor-backend mp --headless'
+docker run --detach --name glm53-rank0 --label glm53.launcher=serve --label glm53.rank=0 --network host --ipc host --shm-size 32g --cap-add IPC_LOCK --restart no --gpus all --device /dev/infiniband --ulimit memlock=-1:-1 --mount type=bind,src=/home/user/.cache/huggingface,dst=/root/.cache/huggingface --env HF_HOME=/root/.cache/huggingface --env TORCH_CUDA_ARCH_LIST=12.1a --env FLASHINFER_CUDA_ARCH_LIST=12.1a --env FLASHINFER_DISABLE_VERSION_CHECK=1 --env VLLM_ENGINE_READY_TIMEOUT_S=3600 --env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True --mount 'type=bind,src=/home/user/.cache/glm53-jit/<image-id>,dst=/var/cache/glm53-jit' --env VLLM_CACHE_ROOT=/var/cache/glm53-jit/vllm --env FLASHINFER_WORKSPACE_BASE=/var/cache/glm53-jit/flashinfer --env DG_JIT_CACHE_DIR=/var/cache/glm53-jit/deep_gemm --env TRITON_CACHE_DIR=/var/cache/glm53-jit/triton --env TILELANG_CACHE_DIR=/var/cache/glm53-jit/tilelang --env TORCHINDUCTOR_CACHE_DIR=/var/cache/glm53-jit/inductor --env CUDA_CACHE_PATH=/var/cache/glm53-jit/cuda --env VLLM_HOST_IP=192.0.2.1 --env NCCL_SOCKET_IFNAME=ifx0 --env GLOO_SOCKET_IFNAME=ifx0 --env TP_SOCKET_IFNAME=ifx0 --env NCCL_IB_HCA=hca0 --env NCCL_NET=IB --env NCCL_IB_DISABLE=0 --env NCCL_CROSS_NIC=1 --env NCCL_NVLS_ENABLE=0 --env NCCL_CUMEM_ENABLE=0 --env NCCL_DEBUG=WARN --env GLM53_KPOOL_TAIL_FIX=1 --env GLM53_ADAPTIVE_VERIFY=1 --env GLM53_ADAPTIVE_VERIFY_TAU=0.3 --env GLM53_INT8_W8A16=shared,mla,kda_o,kda_in,lm_head --env GLM53_DRAFT_WEIGHTS=nvfp4 --env VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 --entrypoint vllm glm53-sm121-v13 serve LibertAIDAI/GLM-5.3-Flash-NVFP4 --revision aa28e1f54130286c95fee10d0705c74ce8743734 --host 0.0.0.0 --port 8000 --tensor-parallel-size 2 --max-model-len 327680 --kv-cache-dtype fp8_e4m3 --kv-cache-memory-bytes 4445787956 --gpu-memory-utilization 0.85 --max-num-seqs 2 --block-size 2304 --moe-backend marlin --linear-backend marlin --speculative-config '{"method":"dflash","model":"/root/.cache/huggingface/glm53-drafters/incoai-7d74cdd881ed7e32c31175984a67823127b66cfe","num_speculative_tokens":7}' --compilation-config '{"cudagraph_capture_sizes":[1,2,4,8,16]}' --tool-call-parser glm47 --enable-auto-tool-choice --reasoning-parser glm45 --default-chat-template-kwargs '{"enable_thinking": false}' --served-model-name glm-5.3-flash --trust-remote-code --mm-processor-cache-gb 1 --override-generation-config '{"max_new_tokens": 65536}' --nnodes 2 --node-rank 0 --master-addr 192.0.2.1 --master-port 29501 --distributed-executor-backend mp
+ssh -o BatchMode=yes 192.0.2.2 'docker run --detach --name glm53-rank1 --label glm53.launcher=serve --label glm53.rank=1 --network host --ipc host --shm-size 32g --cap-add IPC_LOCK --restart no --gpus all --device /dev/infiniband --ulimit memlock=-1:-1 --mount type=bind,src=/home/user/.cache/huggingface,dst=/root/.cache/huggingface --env HF_HOME=/root/.cache/huggingface --env TORCH_CUDA_ARCH_LIST=12.1a --env FLASHINFER_CUDA_ARCH_LIST=12.1a --env FLASHINFER_DISABLE_VERSION_CHECK=1 --env VLLM_ENGINE_READY_TIMEOUT_S=3600 --env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True --mount '\''type=bind,src=/home/user/.cache/glm53-jit/<image-id>,dst=/var/cache/glm53-jit'\'' --env VLLM_CACHE_ROOT=/var/cache/glm53-jit/vllm --env FLASHINFER_WORKSPACE_BASE=/var/cache/glm53-jit/flashinfer --env DG_JIT_CACHE_DIR=/var/cache/glm53-jit/deep_gemm --env TRITON_CACHE_DIR=/var/cache/glm53-jit/triton --env TILELANG_CACHE_DIR=/var/cache/glm53-jit/tilelang --env TORCHINDUCTOR_CACHE_DIR=/var/cache/glm53-jit/inductor --env CUDA_CACHE_PATH=/var/cache/glm53-jit/cuda --env VLLM_HOST_IP=192.0.2.2 --env NCCL_SOCKET_IFNAME=ifx0 --env GLOO_SOCKET_IFNAME=ifx0 --env TP_SOCKET_IFNAME=ifx0 --env NCCL_IB_HCA=hca0 --env NCCL_NET=IB --env NCCL_IB_DISABLE=0 --env NCCL_CROSS_NIC=1 --env NCCL_NVLS_ENABLE=0 --env NCCL_CUMEM_ENABLE=0 --env NCCL_DEBUG=WARN --env GLM53_KPOOL_TAIL_FIX=1 --env GLM53_ADAPTIVE_VERIFY=1 --env GLM53_ADAPTIVE_VERIFY_TAU=0.3 --env GLM53_INT8_W8A16=shared,mla,kda_o,kda_in,lm_head --env GLM53_DRAFT_WEIGHTS=nvfp4 --env VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 --entrypoint vllm glm53-sm121-v13 serve LibertAIDAI/GLM-5.3-Flash-NVFP4 --revision aa28e1f54130286c95fee10d0705c74ce8743734 --tensor-parallel-size 2 --max-model-len 327680 --kv-cache-dtype fp8_e4m3 --kv-cache-memory-bytes 4445787956 --gpu-memory-utilization 0.85 --max-num-seqs 2 --block-size 2304 --moe-backend marlin --linear-backend marlin --speculative-config '\''{"method":"dflash","model":"/root/.cache/huggingface/glm53-drafters/incoai-7d74cdd881ed7e32c31175984a67823127b66cfe","num_speculative_tokens":7}'\'' --compilation-config '\''{"cudagraph_capture_sizes":[1,2,4,8,16]}'\'' --tool-call-parser glm47 --enable-auto-tool-choice --reasoning-parser glm45 --default-chat-template-kwargs '\''{"enable_thinking": false}'\'' --served-model-name glm-5.3-flash --trust-remote-code --mm-processor-cache-gb 1 --override-generation-config '\''{"max_new_tokens": 65536}'\'' --nnodes 2 --node-rank 1 --master-addr 192.0.2.1 --master-port 29501 --distributed-executor-backend mp --headless'
 # while waiting, on every node: MemAvailable every 0.250 s and the rank log's phase markers; under the phase's floor (load 10, profile 8, kv_ready 3, serving 2 GiB) every rank is killed; samples to {repo}/runs/<UTC time>/memory.csv
 sh -c 'meminfo=${GLM53_MEMINFO:-/proc/meminfo}; work=$(mktemp -d) || exit 1; follower=; trap '\''kill "$follower" 2>/dev/null; rm -rf "$work"'\'' EXIT; trap '\''exit 0'\'' HUP INT TERM; mkfifo "$work/log" || exit 1; docker logs --follow "$1" >"$work/log" 2>&1 & follower=$!; grep --line-buffered -o -E "$2" <"$work/log" & while awk '\''/^MemAvailable:/ { print "mem", $2; found = 1; exit } END { exit !found }'\'' "$meminfo"; do sleep "$3"; done' memory-sampler glm53-rank0 'Model loading took|Available KV cache memory|KV Cache as specified by kv_cache_memory_bytes|KV cache size: |Application startup complete' 0.250
 ssh -o BatchMode=yes 192.0.2.2 'sh -c '\''meminfo=${GLM53_MEMINFO:-/proc/meminfo}; work=$(mktemp -d) || exit 1; follower=; trap '\''\'\'''\''kill "$follower" 2>/dev/null; rm -rf "$work"'\''\'\'''\'' EXIT; trap '\''\'\'''\''exit 0'\''\'\'''\'' HUP INT TERM; mkfifo "$work/log" || exit 1; docker logs --follow "$1" >"$work/log" 2>&1 & follower=$!; grep --line-buffered -o -E "$2" <"$work/log" & while awk '\''\'\'''\''/^MemAvailable:/ { print "mem", $2; found = 1; exit } END { exit !found }'\''\'\'''\'' "$meminfo"; do sleep "$3"; done'\'' memory-sampler glm53-rank1 '\''Model loading took|Available KV cache memory|KV Cache as specified by kv_cache_memory_bytes|KV cache size: |Application startup complete'\'' 0.250'
@@ -103,20 +103,24 @@ def link_env(rank):
 
 
 # The image v13 levers on by default (recipe.toml, the seed's v13 setting), after the link's.
-LEVER_ENV = ["--env", "GLM53_KPOOL_TAIL_FIX=1",
+VERIFY_ENV = ["--env", "GLM53_ADAPTIVE_VERIFY=1", "--env", "GLM53_ADAPTIVE_VERIFY_TAU=0.3"]
+LEVER_ENV = ["--env", "GLM53_KPOOL_TAIL_FIX=1", *VERIFY_ENV,
              "--env", "GLM53_INT8_W8A16=shared,mla,kda_o,kda_in,lm_head",
              "--env", "GLM53_DRAFT_WEIGHTS=nvfp4"]
+# adaptive verify is off with a drafter that reports no confidence (MTP, none)
+LEVER_ENV_NO_DFLASH2 = LEVER_ENV[:2] + LEVER_ENV[2 + len(VERIFY_ENV):]
 # CUDAGRAPH_MEMORY_ESTIMATE's default: vLLM's CUDA-graph memory estimate off on every rank.
 MEMORY_ENV = ["--env", "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0"]
 
 
-def expected_docker_run(rank, nodes, vllm_words, mounts=(), multi_node=True, extra_env=()):
+def expected_docker_run(rank, nodes, vllm_words, mounts=(), multi_node=True, extra_env=(),
+                        levers=LEVER_ENV):
     argv = ["docker", "run", "--detach", "--name", f"glm53-rank{rank}",
             "--label", "glm53.launcher=serve", "--label", f"glm53.rank={rank}",
             *FIXED_DOCKER, *DOCKER_DEFAULTS, *HF_MOUNT, *mounts, *ENGINE_ENV, *JIT]
     if multi_node:
         argv += link_env(rank)
-    argv += LEVER_ENV + MEMORY_ENV
+    argv += levers + MEMORY_ENV
     for word in extra_env:
         argv += ["--env", word]
     return argv + ["--entrypoint", "vllm", "glm53-sm121-v13", *vllm_words]
@@ -157,14 +161,15 @@ def graphs(*sizes):
             '{"cudagraph_capture_sizes":[' + ",".join(map(str, sizes)) + "]}"]
 
 
-def assert_ranks(stdout, nodes, middle, tp=None, extra=(), mounts=(), chat=CHAT, extra_env=()):
+def assert_ranks(stdout, nodes, middle, tp=None, extra=(), mounts=(), chat=CHAT, extra_env=(),
+                 levers=LEVER_ENV):
     ranks = serve_commands(stdout)
     assert sorted(ranks) == list(range(nodes))
     for rank, (node, argv) in ranks.items():
         assert node == NODES[rank]
         assert argv == expected_docker_run(
             rank, nodes, expected_vllm(rank, nodes, middle, tp, extra, chat), mounts, nodes > 1,
-            extra_env)
+            extra_env, levers)
 
 
 def test_defaults_print_exactly_the_reviewed_commands(tmp_path):
@@ -197,8 +202,8 @@ def test_defaults_pinned_serve_dflash2_k7_with_graphs(tmp_path):
         f"mask row from an embedding table, revision {DRAFTER_PIN}, k=7, "
         "context 327680, 2 seqs, CUDA graphs (capture 1,2,4,8,16), KV pin 4445787956 "
         "bytes (4.14 GiB fp8_e4m3), weight-only target int8 g128 shared,mla,kda_o,kda_in,lm_head, "
-        "drafter nvfp4, image glm53-sm121-v13 (KPOOL_TAIL_FIX on), nodes 192.0.2.1 192.0.2.2 "
-        "(TP=2)")
+        "drafter nvfp4, image glm53-sm121-v13 (KPOOL_TAIL_FIX ADAPTIVE_VERIFY on; verify tau 0.3, "
+        "max 7), nodes 192.0.2.1 192.0.2.2 (TP=2)")
 
 
 def test_pins_file_supplies_revisions_nothing_else_pins(tmp_path):
@@ -212,7 +217,7 @@ def test_pins_file_supplies_revisions_nothing_else_pins(tmp_path):
 def test_spec_mtp_uses_the_checkpoint_head_with_4_tokens(tmp_path):
     stdout = dry_run(tmp_path, SPEC="mtp", **PINNED)
     mtp = ["--speculative-config", '{"method":"mtp","num_speculative_tokens":4}']
-    assert_ranks(stdout, 2, mtp + graphs(1, 2, 4, 5, 10))
+    assert_ranks(stdout, 2, mtp + graphs(1, 2, 4, 5, 10), levers=LEVER_ENV_NO_DFLASH2)
     assert "prepare-drafter" not in stdout and "DFlash2" not in stdout
     assert "drafter the checkpoint's MTP head, k=4," in startup_line(stdout)
     # DRAFT_WEIGHTS=nvfp4 swaps only a DFlash2 drafter: the line does not claim it for MTP
@@ -221,7 +226,7 @@ def test_spec_mtp_uses_the_checkpoint_head_with_4_tokens(tmp_path):
 
 def test_spec_off_passes_no_speculative_config(tmp_path):
     stdout = dry_run(tmp_path, SPEC="off", **PINNED)
-    assert_ranks(stdout, 2, graphs(1, 2, 4))
+    assert_ranks(stdout, 2, graphs(1, 2, 4), levers=LEVER_ENV_NO_DFLASH2)
     assert "--speculative-config" not in stdout and "prepare-drafter" not in stdout
     assert "no drafter (SPEC=off)" in startup_line(stdout)
 
@@ -336,7 +341,7 @@ def test_extra_env_reaches_every_rank_after_the_launchers_own(tmp_path):
 def test_every_variable_the_launcher_sets_is_refused_in_extra_env(tmp_path):
     argv = serve_commands(dry_run(tmp_path, HF_TOKEN_FILE="/tok", **PINNED))[1][1]
     names = sorted({argv[i + 1].split("=", 1)[0] for i, word in enumerate(argv) if word == "--env"})
-    assert len(names) == 29  # HF 2, engines 5, JIT caches 7, the link 11, levers 3, memory 1
+    assert len(names) == 31  # HF 2, engines 5, JIT caches 7, the link 11, levers 5, memory 1
     # The Python core's check itself, once per name (a whole run.sh each is slow).
     for name in names:
         line = core_refusal(tmp_path, EXTRA_ENV=f"{name}=1", HF_TOKEN_FILE="/tok", **PINNED)

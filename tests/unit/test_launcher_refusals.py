@@ -240,6 +240,16 @@ REFUSALS = [
     ({"MEM_BOOT_FLOOR_GIB": "-1"}, "MEM_BOOT_FLOOR_GIB=-1: GiB of MemAvailable a node must have "
      "before its rank starts (0: no floor); accepted: an integer 0..1024"),
     ({"FORCE_UNSAFE_BOOT_MEMORY": "yes"}, "FORCE_UNSAFE_BOOT_MEMORY=yes: accepted: 0 | 1"),
+    ({"ADAPTIVE_VERIFY": "2"}, "ADAPTIVE_VERIFY=2: accepted: 0 | 1"),
+    ({"ADAPTIVE_VERIFY": "1", "SPEC": "mtp"}, "ADAPTIVE_VERIFY=1: adaptive verify needs a drafter "
+     "that reports confidence (DFlash2's selector); SPEC=mtp has none: set ADAPTIVE_VERIFY=0"),
+    ({"ADAPTIVE_VERIFY_TAU": "1.5"}, "ADAPTIVE_VERIFY_TAU=1.5: accepted: a decimal number from 0 "
+     "to 1 (0.3, 1.0)"),
+    ({"ADAPTIVE_VERIFY_MAX": "8"}, "ADAPTIVE_VERIFY_MAX=8: drafts verified a step, at most the "
+     "speculative tokens; accepted: an integer 0..7"),
+    ({"ADAPTIVE_VERIFY_MAX": "5", "NUM_SPECULATIVE_TOKENS": "3"}, "ADAPTIVE_VERIFY_MAX=5: a step "
+     "cannot verify more drafts than it drafts; accepted: 0 to NUM_SPECULATIVE_TOKENS (3), or "
+     "empty for all"),
 ]
 
 

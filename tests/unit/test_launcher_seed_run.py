@@ -85,7 +85,8 @@ DIFFERENCES = {
     ("serve", "--compilation-config"): ("{'cudagraph_capture_sizes': [1, 2, 4, 8, 16]} instead "
                                         "of {'cudagraph_capture_sizes': [1, 2, 4, 6, 12, 18, 24]}"),
     **{("env", name): "added" for name in (
-        "GLM53_KPOOL_TAIL_FIX", "GLM53_INT8_W8A16", "GLM53_DRAFT_WEIGHTS")},
+        "GLM53_KPOOL_TAIL_FIX", "GLM53_ADAPTIVE_VERIFY", "GLM53_ADAPTIVE_VERIFY_TAU",
+        "GLM53_INT8_W8A16", "GLM53_DRAFT_WEIGHTS")},
 }
 
 _DOCKER_SWITCHES = {"--detach"}

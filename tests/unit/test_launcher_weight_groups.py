@@ -17,8 +17,10 @@ def rank_env(stdout) -> list[dict]:
 
 
 def weight_env(stdout) -> list[dict]:
-    """Each rank's GLM53_* variables but the kpool switch (tests/unit/test_launcher_dry_run.py)."""
-    return [{name: value for name, value in env.items() if name != "GLM53_KPOOL_TAIL_FIX"}
+    """Each rank's GLM53_* variables but the kpool and adaptive-verify switches
+    (tests/unit/test_launcher_dry_run.py)."""
+    return [{name: value for name, value in env.items()
+             if name != "GLM53_KPOOL_TAIL_FIX" and not name.startswith("GLM53_ADAPTIVE_VERIFY")}
             for env in rank_env(stdout)]
 
 
