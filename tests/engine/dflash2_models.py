@@ -93,6 +93,18 @@ def next_token_table(model: Path) -> tuple[list[int], float, float]:
     return exact.argmax(-1).tolist(), float((top2[:, 1] - top2[:, 0]).min()), rounding
 
 
+def next_token_probs(model: Path) -> np.ndarray:
+    """[t, n]: the probability (float64) that an attention-free Qwen3 follows token t by n
+    at temperature 1, a softmax of its logits computed from the weights."""
+    from safetensors.numpy import load_file
+
+    config = json.loads((model / "config.json").read_text())
+    logits = _attention_free_logits(load_file(str(model / "model.safetensors")), config,
+                                    np.float64)
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    return probs / probs.sum(-1, keepdims=True)
+
+
 def bigram_target_dir() -> Path:
     """The tier's target with its attention outputs zeroed, and `next_token.json`."""
     source = tiny_models.target_dir()

@@ -1,4 +1,4 @@
-"""Two fixes that let vLLM's V2 model runner (which DFlash2 needs) run on CPU with PyPI's
+"""Three fixes that let vLLM's V2 model runner (which DFlash2 needs) run on CPU with PyPI's
 `triton` in interpreter mode (TRITON_INTERPRET=1), found by shape with LibCST.
 
 - `vllm/triton_utils/importing.py`: vLLM on CPU turns Triton off unless Triton has a CPU
@@ -8,6 +8,12 @@
   a scalar bool reaches the interpreter's masked load and store as an integer array, which
   they refuse ("mask has unsupported dtype"; DFlash2's selector walk does `mask & valid`);
   the mask is cast to bool there.
+- `triton/runtime/interpreter.py` (Triton 3.9): `triton.language.extra.libdevice`'s
+  functions are stubs returning None that a compiler backend replaces, and the interpreter
+  patches only `triton.language` and its `math` module, so a kernel calling one (vLLM's
+  Gumbel sampling: `-tl.log(-tldevice.log1p(-u))`, any temperature > 0 request) fails
+  ("bad operand type for unary -: 'NoneType'"); `_patch_lang` then also maps the libdevice
+  functions vLLM's kernels call to numpy.
 
 Each fix is an "ensure": `present` when the file already has it, `applied` when written
 (through a temporary file and a rename, so a hard-linked original is never changed), and
@@ -143,4 +149,80 @@ def ensure_interpreter_bool_masks(path: Path) -> str:
                          f"file is refused, reinstall triton")
     body = [builder if node is builders[0] else node for node in module.body]
     _write(path, module.with_changes(body=body).code)
+    return "applied"
+
+
+
+# What _patch_libdevice maps (the libdevice functions vLLM 0.27.1 and 0.28.0 call), each as
+# libdevice defines it: round is half away from zero (C's round), fast_ ones the plain ones.
+_LIBDEVICE_FIX = """
+_LIBDEVICE_ON_NUMPY = {
+    "log1p": np.log1p,
+    "exp": np.exp,
+    "fast_expf": np.exp,
+    "fast_logf": np.log,
+    "fast_log2f": np.log2,
+    "erf": lambda x: np.vectorize(math.erf, otypes=[x.dtype])(x),
+    "round": lambda x: np.copysign(np.floor(np.abs(x) + 0.5), x),
+    "isnan": np.isnan,
+}
+
+
+def _patch_libdevice(scope):
+    \"\"\"libdevice's functions are stubs a compiler backend replaces: here, numpy.\"\"\"
+    from triton.language.extra import libdevice
+
+    def on_numpy(function):
+        def call(arg0, **_):
+            data = function(arg0.handle.data)
+            dtype = tl.int1 if data.dtype == np.bool_ else arg0.handle.dtype
+            ty = arg0.type.with_element_ty(dtype) if arg0.type.is_block() else dtype
+            return tl.tensor(TensorHandle(data, dtype), ty)
+        return call
+
+    for name, function in _LIBDEVICE_ON_NUMPY.items():
+        scope.set_attr(libdevice, name, on_numpy(function))
+"""
+
+def ensure_interpreter_libdevice(path: Path) -> str:
+    """A module-level `_patch_libdevice(scope)` before `_patch_lang`, which calls it last."""
+    module = cst.parse_module(path.read_text())
+    names = [node.name.value for node in module.body if isinstance(node, cst.FunctionDef)]
+    patch_langs = [i for i, node in enumerate(module.body)
+                   if isinstance(node, cst.FunctionDef) and node.name.value == "_patch_lang"]
+    if len(patch_langs) != 1:
+        raise FixRefused(f"{path}: expected one module-level def _patch_lang, found "
+                         f"{len(patch_langs)}; the file moved, re-check the fix")
+    at = patch_langs[0]
+    patch_lang = module.body[at]
+    body = list(patch_lang.body.body)
+    call = m.SimpleStatementLine(body=[m.Expr(value=m.Call(func=m.Name("_patch_libdevice")))])
+    calls = sum(m.matches(stmt, call) for stmt in body)
+    if "_patch_libdevice" in names or calls:
+        if names.count("_patch_libdevice") == 1 and calls == 1:
+            return "present"
+        raise FixRefused(f"{path}: _patch_libdevice partly there ({names.count('_patch_libdevice')}"
+                         f" defs, {calls} calls in _patch_lang); reinstall triton")
+    returns_scope = m.SimpleStatementLine(body=[m.Return(value=m.Name("scope"))])
+    if not body or not m.matches(body[-1], returns_scope):
+        raise FixRefused(f"{path}: _patch_lang does not end in `return scope`; the file moved, "
+                         f"re-check the fix")
+    needs = {
+        "import math": m.Import(names=[m.ImportAlias(name=m.Name("math"))]),
+        "import numpy as np": m.Import(names=[m.ImportAlias(
+            name=m.Name("numpy"), asname=m.AsName(name=m.Name("np")))]),
+        "import triton.language as tl": m.Import(names=[m.ImportAlias(
+            name=m.Attribute(value=m.Name("triton"), attr=m.Name("language")),
+            asname=m.AsName(name=m.Name("tl")))]),
+    }
+    for what, matcher in needs.items():
+        if not _has_import(module, matcher):
+            raise FixRefused(f"{path}: no module-level `{what}`; the file moved, re-check the fix")
+    if not any(m.matches(node, m.ClassDef(name=m.Name("TensorHandle"))) for node in module.body):
+        raise FixRefused(f"{path}: no class TensorHandle; the file moved, re-check the fix")
+    body.insert(len(body) - 1, cst.parse_statement("_patch_libdevice(scope)\n"))
+    patched = patch_lang.with_changes(body=patch_lang.body.with_changes(body=body))
+    added = list(cst.parse_module(_LIBDEVICE_FIX).body)
+    new_body = [*module.body[:at], *added, patched, *module.body[at + 1:]]
+    _write(path, module.with_changes(body=new_body).code)
     return "applied"

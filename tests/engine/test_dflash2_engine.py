@@ -105,7 +105,7 @@ def test_overlays_carry_the_release_and_the_fixes(overlays):
         report = json.loads((overlay.path / "overlay.json").read_text())
         assert report["smoke"]["vllm"] == overlay.version, label
         assert report["smoke"]["has_triton"] and report["smoke"]["dflash2"], label
-        assert set(report["fixes"]) >= {"triton interpreter masks",
+        assert set(report["fixes"]) >= {"triton interpreter masks", "triton interpreter libdevice",
                                         "HAS_TRITON under TRITON_INTERPRET"}, label
     assert "v9" in json.loads((overlays["0.27.1+v9"].path / "overlay.json").read_text())["fixes"]
 
@@ -126,6 +126,35 @@ src, dst = torch.arange(4.0), torch.zeros(4)
 copy[(1,)](src, dst, torch.zeros(1, dtype=torch.int32), N=4)
 print("copied", dst.tolist())
 """
+
+
+# vLLM's Gumbel noise (gumbel.py: -log(-log1p(-u))), a libdevice call run by the interpreter
+_LIBDEVICE_PROBE = """
+import torch, triton, triton.language as tl
+import triton.language.extra.libdevice as tldevice
+@triton.jit
+def gumbel(u_ptr, out_ptr, N: tl.constexpr):
+    offsets = tl.arange(0, N)
+    tl.store(out_ptr + offsets, -tl.log(-tldevice.log1p(-tl.load(u_ptr + offsets))))
+u, out = torch.tensor([0.1, 0.5, 0.9, 0.99]), torch.zeros(4)
+gumbel[(1,)](u, out, N=4)
+print("gumbel", [round(v, 4) for v in out.tolist()])
+"""
+# -log(-log(1 - u)) of the probe's u, in float64
+_GUMBEL = [2.2504, 0.3665, -0.834, -1.5272]
+
+
+@pytest.mark.parametrize("fixed", [False, True], ids=["engine-venv", "overlay"])
+def test_the_libdevice_fix_is_needed_and_works(overlays, fixed):
+    overlay = overlays["0.28.0"]
+    env = {"TRITON_INTERPRET": "1", **({"PYTHONPATH": str(overlay.path)} if fixed else {})}
+    result = overlay.venv.run("-c", _LIBDEVICE_PROBE, env=env, timeout=300)
+    if fixed:
+        assert result.returncode == 0, result.stderr[-1500:]
+        assert result.stdout.strip().splitlines()[-1] == f"gumbel {_GUMBEL}"
+    else:
+        assert result.returncode != 0
+        assert "bad operand type for unary -: 'NoneType'" in result.stderr, result.stderr[-1500:]
 
 
 @pytest.mark.parametrize("fixed", [False, True], ids=["engine-venv", "overlay"])

@@ -11,13 +11,14 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from tests.fakes import fake_vllm
 from tests.timing import HANG_GUARD_S
 from tests.unit.test_launcher_lifecycle import HEAD, WORKER, make_cluster, plant_meminfo, serve
-from tests.unit.test_launcher_support import FAKE_SSH, run
+from tests.unit.test_launcher_support import FAKE_SSH, REPO, run
 
 CURL = shutil.which("curl")
 pytestmark = pytest.mark.skipif(CURL is None, reason="these tests read a real server with curl")
@@ -131,6 +132,34 @@ def test_doctor_reports_the_rank_down_while_the_api_outlives_its_engine(tmp_path
         assert process.poll() is None  # the API had not gone: /health alone told it down
     finally:
         stop_fake(process)
+
+
+def test_a_fake_rank_bound_to_a_process_exits_with_it(tmp_path):
+    """FAKE_DOCKER_PID (the engine tier's rank whose main process is a real server): the
+    container reads running while the process lives, exited once it is gone, a zombie not
+    yet reaped included."""
+    state = make_cluster(tmp_path, running=("glm53-rank0",))
+    process = subprocess.Popen(["sleep", str(HANG_GUARD_S)])
+    fake_docker = [sys.executable, str(REPO / "tests" / "fakes" / "fake-docker"), "inspect",
+                   "--format", "{{.State.Status}}", "glm53-rank0"]
+    env = {"FAKE_DOCKER_STATE": str(state), "FAKE_DOCKER_PID": f"glm53-rank0:{process.pid}"}
+
+    def status():
+        return subprocess.run(fake_docker, env=env, capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    try:
+        assert status() == "running"
+        process.kill()
+        deadline = time.monotonic() + HANG_GUARD_S
+        while Path(f"/proc/{process.pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
+            assert time.monotonic() < deadline, "the killed sleep never became a zombie"
+            time.sleep(0.01)
+        assert status() == "exited"  # a zombie: dead, not yet reaped
+    finally:
+        process.kill()
+        process.wait()
+    assert status() == "exited"
 
 
 # --- memory preflight -------------------------------------------------------------

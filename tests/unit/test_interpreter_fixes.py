@@ -7,6 +7,7 @@ from tests.engine.interpreter_fixes import (
     FixRefused,
     ensure_has_triton_under_interpreter,
     ensure_interpreter_bool_masks,
+    ensure_interpreter_libdevice,
 )
 
 IMPORTING = '''import os
@@ -35,6 +36,22 @@ class InterpreterBuilder:
 
     def create_masked_store(self, ptrs, value, mask, cache_policy):
         return _interpreter.store(ptrs.data, value.data, mask.data)
+'''
+
+PATCH_LANG = '''import math
+import numpy as np
+import triton.language as tl
+
+
+class TensorHandle:
+    def __init__(self, data, dtype):
+        self.data, self.dtype = data, dtype
+
+
+def _patch_lang(fn):
+    scope = _LangPatchScope()
+    _patch_builtin(tl.core.tensor_descriptor_base, interpreter_builder, scope)
+    return scope
 '''
 
 
@@ -88,4 +105,31 @@ def test_mask_fix_refuses_a_moved_or_half_fixed_file(tmp_path, moved):
     path.write_text(moved)
     with pytest.raises(FixRefused, match="interpreter.py"):
         ensure_interpreter_bool_masks(path)
+    assert path.read_text() == moved
+
+
+def test_libdevice_fix_applies_once_before_patch_lang_returns(tmp_path):
+    path = tmp_path / "interpreter.py"
+    path.write_text(PATCH_LANG)
+    outcome, text = _run(path, ensure_interpreter_libdevice)
+    assert outcome == "applied"
+    assert text.index("def _patch_libdevice(scope):") < text.index("def _patch_lang(fn):")
+    assert text.endswith("    _patch_libdevice(scope)\n    return scope\n")
+    assert '"log1p": np.log1p,' in text
+    assert _run(path, ensure_interpreter_libdevice) == ("present", text)
+    compile(text, str(path), "exec")
+
+
+@pytest.mark.parametrize("moved", [
+    PATCH_LANG.replace("def _patch_lang(fn):", "def _patch_language(fn):"),
+    PATCH_LANG.replace("    return scope\n", "    return None\n"),
+    PATCH_LANG.replace("import numpy as np\n", "import numpy\n"),
+    PATCH_LANG.replace("class TensorHandle:", "class Handle:"),
+    PATCH_LANG.replace("    return scope\n", "    _patch_libdevice(scope)\n    return scope\n"),
+], ids=["no-patch-lang", "returns-other", "numpy-renamed", "no-tensor-handle", "half-fixed"])
+def test_libdevice_fix_refuses_a_moved_or_half_fixed_file(tmp_path, moved):
+    path = tmp_path / "interpreter.py"
+    path.write_text(moved)
+    with pytest.raises(FixRefused, match="interpreter.py"):
+        ensure_interpreter_libdevice(path)
     assert path.read_text() == moved
