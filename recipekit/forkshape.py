@@ -8,7 +8,7 @@ releases (0.27.1, 0.28.0, 0.30.0; wheel sha256 in ``vllm_sources``) and code of 
 own, so that every layer can be proven on a fourth base. It is a stand-in, not the
 fork: where the record says nothing, the 0.27.1 file is kept.
 
-Facts it encodes (REFERENCE.md, "The fork image the seed builds on"):
+Facts it encodes (the vendor fork 0.1.dev20051+g487ecf187, as the seed's patches and PR record it):
 
 1. ``model_executor/layers/logits_processor.py``, ``model_executor/models/qwen3_dflash.py``
    and ``v1/worker/gpu/spec_decode/__init__.py`` are 0.27.1's, byte for byte (every
@@ -30,7 +30,7 @@ Facts it encodes (REFERENCE.md, "The fork image the seed builds on"):
    ``KpoolTailSpec`` is added (our own code in that API).
 7. ``v1/core/kv_cache_utils.py`` is 0.27.1's planner with a Glm5Next planner of our own
    in the fork's shape (``forkshape_planner.py.txt``): the same function names,
-   signatures and 8-tuple as 0.30.0, the statement shapes REFERENCE.md describes,
+   signatures and 8-tuple as 0.30.0, the statement shapes the seed's patches anchor on,
    and tensors in the 0.27.1 form.
 8. The fork carries the SM90 sparse-MLA (NoPE) attention backend, as the seed's v8
    shows: its exact-text edits D1 and D2a-c had to match once on the fork image. So

@@ -1,6 +1,6 @@
 """The published drafters the launcher knows by key (DRAFTER=incoai | dflash2-g).
 
-A revision is the commit a verified run used (REFERENCE.md, "The seed's deployment");
+A revision is the commit a verified run used (the seed's PR #1 deployment);
 None where no run pinned one, and the launcher then resolves it on first fetch and records
 it. prepare-drafter reads the revision from the snapshot path.
 """

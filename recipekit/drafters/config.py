@@ -4,7 +4,7 @@ Field names follow what vLLM (0.28.0 to 0.30.0) reads for DFlash2 drafters: taps
 dflash_config.target_layer_ids, the mask token in dflash_config.mask_token_id (then the
 top level), conv_kernel_size / conv_group_size and selector_rank / selector_top_k in
 dflash_config, attention from layer_types, use_swa, swa_window_size, sliding_window and
-causal (see REFERENCE.md, "DFlash drafter config as vLLM reads it").
+causal (as vLLM's DFlash model code reads them, PR #52816).
 """
 
 import itertools

@@ -15,7 +15,7 @@ from .output_dir import write_out
 from .snapshot import identify
 from .weights import drafter_embedding_holds_mask_row, weight_files
 
-DEFAULT_WINDOW = 2048  # the window incoai's sliding drafter is published with (REFERENCE.md)
+DEFAULT_WINDOW = 2048  # the window incoai's sliding drafter is published with (its model card)
 MASK_FILE = "mask_embedding.pt"
 DERIVED_FILES = ("config.json", MASK_FILE)
 # Where vLLM takes the mask token's embedding row from (summary "mask_source").

@@ -1,6 +1,6 @@
 """v8's vLLM changes (D1, D2a-c, D4, V7a-c), each a LibCST edit found by name and shape.
 
-Ids and reasons are the seed's (REFERENCE.md, "The seed's deployment"). Every edit knows
+Ids and reasons are the seed's (the seed's PR #1 deployment). Every edit knows
 the stock shape it rewrites and the shape it leaves, so a second run finds the change
 ``present``; any other shape is drift, which refuses the layer.
 """

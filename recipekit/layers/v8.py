@@ -1,6 +1,6 @@
 """Layer v8: sm_121 (GB10) enablement of the vendor image's vLLM and FlashInfer.
 
-The seed's v8 (REFERENCE.md, "The seed's deployment") made its changes as exact-text
+The seed's v8 (the seed's PR #1 deployment) made its changes as exact-text
 edits; here the vLLM ones (D1, D2a-c, D4, V7a-c) and FlashInfer's Python one (F2) are
 LibCST edits found by name and shape, and the CUDA header one (F1) is an exact-context
 edit. The root holds ``vllm/`` and, in an image, ``flashinfer/`` beside it.

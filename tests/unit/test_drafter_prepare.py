@@ -264,7 +264,7 @@ def test_catalog_names_both_published_drafters_without_invented_revisions():
     assert catalog.DRAFTERS["incoai"].non_commercial is True
     assert catalog.DRAFTERS["dflash2-g"].repo_id == "canada-quant/GLM-5.3-Flash-DFlash2-G"
     assert catalog.DRAFTERS["dflash2-g"].licence == "Apache-2.0"
-    # The seed's verified run pinned incoai (REFERENCE.md); no commit is known for DFlash2-G.
+    # The seed's verified run pinned incoai (its PR #1); no commit is known for DFlash2-G.
     assert catalog.DRAFTERS["incoai"].revision == "7d74cdd881ed7e32c31175984a67823127b66cfe"
     assert catalog.DRAFTERS["dflash2-g"].revision is None
 

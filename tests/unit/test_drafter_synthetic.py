@@ -1,6 +1,6 @@
 """Tiny synthetic DFlash2 drafters for the drafter tests, and a check that they are what they claim.
 
-Shapes follow REFERENCE.md's drafter table (layer count, taps, attention, mask file); sizes
+Shapes follow the published drafters' configs (incoai's and DFlash2-G's model cards) (layer count, taps, attention, mask file); sizes
 are shrunk (hidden 64, vocab 512) so a drafter is a few hundred KB and builds in milliseconds.
 """
 

@@ -1,7 +1,7 @@
 """Derived drafter configs as vLLM 0.30.0's own code reads them (installed vllm, CPU torch).
 
 vLLM runs in a child process: importing it needs torchvision, torchaudio and torchcodec
-hidden (their PyPI builds do not load beside a CPU-only torch 2.13.0, REFERENCE.md), and
+hidden (their PyPI builds do not load beside a CPU-only torch 2.13.0, seen here), and
 that must not leak into other tests. Nothing of vLLM is copied: the child imports
 `_resolve_layer_attention` from vllm.model_executor.models.qwen3_dflash and builds each
 config with vLLM's own `get_config`, exactly as it loads a draft model directory.

@@ -256,7 +256,7 @@ def test_v11_plans_the_same_drafter_group_on_both_planners(tmp_path_factory, rel
 
 
 def test_v11_with_the_published_tp2_pages(kv_plans):
-    """MLA page 1,198,080 bytes and 6,370,560 bytes per block, as published (REFERENCE.md)."""
+    """MLA page 1,198,080 bytes and 6,370,560 bytes per block, as published (the seed's PR #1)."""
     _, plans = kv_plans
     target, drafter = plans[("patched", "real-pages")], plans[("patched", "real-pages-drafter")]
     assert target == plans[("stock", "real-pages")]

@@ -34,7 +34,7 @@ KV_PIN = 4_445_787_956  # the recipe's --kv-cache-memory-bytes
 MLA_LAYERS = [2, 6, 10, 14, 18, 22, 26, 30, 34, 38, 42]
 
 
-# The published TP=2 pages (REFERENCE.md): an MLA page of 1,198,080 bytes is 520 bytes a
+# The published TP=2 pages (the seed's PR #1): an MLA page of 1,198,080 bytes is 520 bytes a
 # token at the seed's --block-size 2304; 6,370,560 bytes per block is 5 x (1,198,080 + 76,032),
 # five MLA layers with their indexers (76,032 = 576 states of 132 bytes).
 REAL_BLOCK = 2304
