@@ -17,10 +17,12 @@ from tests.engine import tiny_models
 from tests.engine.engine_env import EngineVenv, engine_venv
 from tests.engine.engine_server import EngineServer
 
-# engines yield the CPU to the bench and the relay that time their streams: on 2 cores a
-# busy engine otherwise delays a reader by tens of ms (measured: up to 35% off per stream
-# over a 0.6 s decode at nice 0, within 0.5% at nice 10 but for one 160 ms stall)
-ENGINE_NICENESS = 19
+# Engines run at the test's own priority. At nice 19 they yielded the CPU to the bench and
+# the relay that time their streams, but beside a CPU hog at nice 0 they then got about 1%
+# of it and never came up within the start timeout (seen: the bench tier's four engines
+# silent for 8 min). The timing checks allow what the run's own wake-up delays measured
+# (tests/timing.py), so a busy engine's effect on the readers is in their allowance.
+ENGINE_NICENESS = 0
 # drafts per step of the drafted servers
 K = 4
 TINY_CONTEXT = 4096
