@@ -13,7 +13,7 @@ import pytest
 from recipekit.layers.v13_groups import (
     GROUPS, INDEXER, KPOOL_KERNELS, MODEL_RUNNER, REJECTION_SAMPLER, ROUTER, TAIL_CACHE, WEIGHT_FILTER,
 )
-from tests.vllm.conftest import REPO_ROOT, run_script, tree_digest
+from tests.vllm.conftest import REPO_ROOT, patch_layer, run_script, tree_digest
 
 BASES = ["0.30.0", "fork"]
 SWITCHES = [group.variable for group in GROUPS]
@@ -24,8 +24,7 @@ V13_FILES = {
 
 
 def patch(root, *extra):
-    result = run_script("scripts/patch-layer", "v13", "--root", str(root), "--json", *extra)
-    return result.returncode, (json.loads(result.stdout) if result.stdout.strip() else {})
+    return patch_layer("v13", root, *extra)[:2]
 
 
 def run_probe(tree, name: str, switches: dict[str, str], *args: str):
