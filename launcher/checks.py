@@ -172,6 +172,12 @@ def _adaptive_verify(checked: Checked, knob: Knob) -> None:
                       "ADAPTIVE_VERIFY=0")
 
 
+def _skip_mtp_weights(checked: Checked, knob: Knob) -> None:
+    if checked["SKIP_MTP_WEIGHTS"] == "1" and checked["SPEC"] == "mtp":
+        raise refusal("SKIP_MTP_WEIGHTS", "1", "SPEC=mtp drafts with the MTP layer whose weights "
+                      "this skips; set SKIP_MTP_WEIGHTS=0")
+
+
 def _adaptive_verify_max(checked: Checked, knob: Knob) -> None:
     most = checked["ADAPTIVE_VERIFY_MAX"]
     if most and checked["ADAPTIVE_VERIFY"] == "1" and int(most) > int(checked["NUM_SPECULATIVE_TOKENS"]):
@@ -291,7 +297,7 @@ RULES: dict[str, Callable[[Checked, Knob], None]] = {
     "nodes": _nodes, "tensor_parallel": _tensor_parallel, "master_port": _master_port,
     "remote_exec": _remote_exec, "extra_args": _extra_args, "extra_env": _extra_env,
     "kpool_ring": _kpool_ring, "adaptive_verify": _adaptive_verify,
-    "adaptive_verify_max": _adaptive_verify_max,
+    "adaptive_verify_max": _adaptive_verify_max, "skip_mtp_weights": _skip_mtp_weights,
 }
 
 

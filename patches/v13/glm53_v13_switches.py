@@ -18,6 +18,7 @@ KPOOL_TAIL_FIX = _on("GLM53_KPOOL_TAIL_FIX")
 ROUTER_FP32 = _on("GLM53_ROUTER_FP32")
 INDEXER_WS_FACTOR = _on("GLM53_INDEXER_WS_FACTOR")
 ADAPTIVE_VERIFY = _on("GLM53_ADAPTIVE_VERIFY")
+SKIP_MTP_WEIGHTS = _on("GLM53_SKIP_MTP_WEIGHTS")
 
 
 def _adaptive_verify_tau() -> float:
@@ -109,6 +110,36 @@ def kpool_tail_slots_without_positions(slot_mapping, common_attn_metadata, ring:
     block = common_attn_metadata.block_table_tensor[:num_reqs, 0].index_select(0, req).to(torch.int64)
     slot_mapping[:num_tokens] = (block * ring + torch.remainder(pos, ring)).to(slot_mapping.dtype)
     return adaptive_verify_tail_slots(slot_mapping, num_tokens)
+
+
+_MTP_PREFIXES: dict[int, tuple[str, ...]] = {}
+
+
+def _mtp_weight_prefixes() -> tuple[str, ...]:
+    """Checkpoint names of the target's MTP layers (numbered from num_hidden_layers on)."""
+    from vllm.config import get_current_vllm_config
+
+    config = get_current_vllm_config()
+    if id(config) not in _MTP_PREFIXES:
+        spec = getattr(config, "speculative_config", None)
+        if spec is not None and "mtp" in str(getattr(spec, "method", "")):
+            raise ValueError(
+                "GLM53_SKIP_MTP_WEIGHTS=1: the drafter is the checkpoint's MTP head, whose "
+                "weights this would skip; set SKIP_MTP_WEIGHTS=0 with SPEC=mtp"
+            )
+        hf_config = config.model_config.hf_config
+        first = int(hf_config.num_hidden_layers)
+        count = int(getattr(hf_config, "num_nextn_predict_layers", 0) or 0)
+        _MTP_PREFIXES[id(config)] = tuple(
+            f"{root}layers.{layer}." for layer in range(first, first + count) for root in ("model.", "")
+        )
+    return _MTP_PREFIXES[id(config)]
+
+
+def skip_mtp_weight(weight_name: str) -> bool:
+    """Whether the loader skips this tensor unread: the MTP layers' weights (13.84 GiB on
+    GLM-5.3-Flash), which the main model drops after reading when the drafter is not MTP."""
+    return SKIP_MTP_WEIGHTS and weight_name.startswith(_mtp_weight_prefixes())
 
 
 def router_dtype(dtype: torch.dtype) -> torch.dtype:

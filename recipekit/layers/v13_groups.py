@@ -24,6 +24,7 @@ MODELS = ("vllm/models/glm5next/nvidia/model.py", "vllm/models/glm5next/common/m
 REJECTION_SAMPLER = "vllm/v1/worker/gpu/spec_decode/rejection_sampler.py"
 MODEL_RUNNER = "vllm/v1/worker/gpu/model_runner.py"
 ROUTER = "vllm/model_executor/layers/fused_moe/router/base_router.py"
+WEIGHT_FILTER = "vllm/model_executor/model_loader/ep_weight_filter.py"
 
 
 @dataclass(frozen=True)
@@ -274,4 +275,25 @@ ADAPTIVE_VERIFY = Group(
     },
 )
 
-GROUPS: tuple[Group, ...] = (KPOOL_TAIL_FIX, ROUTER_FP32, INDEXER_WS_FACTOR, ADAPTIVE_VERIFY)
+SKIP_MTP_WEIGHTS = Group(
+    id="skip-mtp-weights",
+    variable="GLM53_SKIP_MTP_WEIGHTS",
+    summary=(
+        "the weight loader skips the target's MTP-layer tensors unread (13.84 GiB on "
+        "GLM-5.3-Flash) when the drafter is not the MTP head; with the MTP head it refuses"
+    ),
+    edits={
+        WEIGHT_FILTER: (
+            Edit("\nimport regex as re\n", "\nimport regex as re\n\n"
+                 "from vllm.glm53_v13_switches import skip_mtp_weight\n",
+                 marker="\nfrom vllm.glm53_v13_switches import skip_mtp_weight\n"),
+            Edit(
+                "    if local_expert_ids is None:\n        return False\n",
+                "    if skip_mtp_weight(weight_name):\n        return True\n"
+                "    if local_expert_ids is None:\n        return False\n",
+            ),
+        ),
+    },
+)
+
+GROUPS: tuple[Group, ...] = (KPOOL_TAIL_FIX, ROUTER_FP32, INDEXER_WS_FACTOR, ADAPTIVE_VERIFY, SKIP_MTP_WEIGHTS)

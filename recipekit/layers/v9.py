@@ -167,61 +167,53 @@ class DFlash2Backport(Layer):
         self._salt_diffs: dict[str, str] = {}
         self.plan_note = ""
 
-    def diff_text(self, shape: str) -> str:
-        if shape not in self._diffs:
-            pinned = pinned_sha256(self.manifest, shape)
+    def _pinned_diff(self, cache: dict[str, str], shape: str, *, file_name: str, single_file: bool,
+                     generated, pinned: str | None, what: str, hint) -> str:
+        """The diff of ``shape``: read from ``diff_file`` (a directory holds it as ``file_name``;
+        a single file only where ``single_file``) or generated, and held to its pinned sha256."""
+        if shape not in cache:
             origin = self.diff_file
-            if origin is not None and Path(origin).is_dir():
-                origin = Path(origin) / diff_file_name(shape)
+            if origin is not None and Path(origin).is_dir():  # scripts/make-backport --out-dir
+                origin = Path(origin) / file_name
+            elif not single_file:
+                origin = None  # a single diff file is v9's DFlash2 diff: this one is generated
             if origin is not None:
                 try:
                     text = Path(origin).read_text(encoding="utf-8")
                 except OSError as error:
                     raise LayerSetupError(f"{origin}: cannot read the diff: {error.strerror}")
             else:
-                text = generate(
-                    release_tree(self.manifest["base"]),
-                    release_tree(self.manifest["source"]),
-                    self.manifest,
-                    shape,
-                )
+                text = generated()
             digest = sha256_text(text)
             if digest != pinned:
-                others = [s for s in SHAPES if s != shape and pinned_sha256(self.manifest, s) == digest]
-                hint = (
-                    f"it is the {others[0]} diff, and this tree's probe says {shape}; pass "
-                    f"the directory from scripts/make-backport --out-dir"
-                    if others else "regenerate it with scripts/make-backport"
-                )
                 raise LayerSetupError(
-                    f"{origin or 'the generated diff'}: sha256 {digest} is not the pinned "
-                    f"{shape} diff {pinned}; {hint}"
+                    f"{origin or what}: sha256 {digest} is not the pinned {shape} diff {pinned}; "
+                    f"{hint(digest)}"
                 )
-            self._diffs[shape] = text
-        return self._diffs[shape]
+            cache[shape] = text
+        return cache[shape]
+
+    def diff_text(self, shape: str) -> str:
+        def hint(digest: str) -> str:
+            others = [s for s in SHAPES if s != shape and pinned_sha256(self.manifest, s) == digest]
+            if others:
+                return (f"it is the {others[0]} diff, and this tree's probe says {shape}; pass "
+                        "the directory from scripts/make-backport --out-dir")
+            return "regenerate it with scripts/make-backport"
+
+        return self._pinned_diff(
+            self._diffs, shape, file_name=diff_file_name(shape), single_file=True,
+            generated=lambda: generate(release_tree(self.manifest["base"]),
+                                       release_tree(self.manifest["source"]), self.manifest, shape),
+            pinned=pinned_sha256(self.manifest, shape), what="the generated diff", hint=hint)
 
     def salt_diff_text(self, shape: str) -> str:
-        if shape not in self._salt_diffs:
-            pinned = salt_pinned_sha256(self.manifest, shape)
-            origin = self.diff_file
-            if origin is not None and Path(origin).is_dir():  # make-backport --out-dir writes it there
-                origin = Path(origin) / salt_diff_file_name(shape)
-                try:
-                    text = origin.read_text(encoding="utf-8")
-                except OSError as error:
-                    raise LayerSetupError(f"{origin}: cannot read the diff: {error.strerror}")
-            else:
-                origin = None
-                releases = {self.manifest[k] for k in ("base", "source")} | {self.manifest["draft_noise_salt"]["source"]}
-                text = generate_salt({r: release_tree(r) for r in releases}, self.manifest, shape)
-            digest = sha256_text(text)
-            if digest != pinned:
-                raise LayerSetupError(
-                    f"{origin or 'the generated draft-noise-salt diff'}: sha256 {digest} is not the "
-                    f"pinned {shape} diff {pinned}; regenerate it with scripts/make-backport"
-                )
-            self._salt_diffs[shape] = text
-        return self._salt_diffs[shape]
+        releases = {self.manifest[k] for k in ("base", "source")} | {self.manifest["draft_noise_salt"]["source"]}
+        return self._pinned_diff(
+            self._salt_diffs, shape, file_name=salt_diff_file_name(shape), single_file=False,
+            generated=lambda: generate_salt({r: release_tree(r) for r in releases}, self.manifest, shape),
+            pinned=salt_pinned_sha256(self.manifest, shape), what="the generated draft-noise-salt diff",
+            hint=lambda digest: "regenerate it with scripts/make-backport")
 
     def _dflash2_provided(self, view: TreeView) -> bool:
         shape = shape_of(view.read_text)

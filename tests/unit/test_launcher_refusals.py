@@ -240,6 +240,8 @@ REFUSALS = [
     ({"MEM_BOOT_FLOOR_GIB": "-1"}, "MEM_BOOT_FLOOR_GIB=-1: GiB of MemAvailable a node must have "
      "before its rank starts (0: no floor); accepted: an integer 0..1024"),
     ({"FORCE_UNSAFE_BOOT_MEMORY": "yes"}, "FORCE_UNSAFE_BOOT_MEMORY=yes: accepted: 0 | 1"),
+    ({"SKIP_MTP_WEIGHTS": "1", "SPEC": "mtp"}, "SKIP_MTP_WEIGHTS=1: SPEC=mtp drafts with the MTP "
+     "layer whose weights this skips; set SKIP_MTP_WEIGHTS=0"),
     ({"ADAPTIVE_VERIFY": "2"}, "ADAPTIVE_VERIFY=2: accepted: 0 | 1"),
     ({"ADAPTIVE_VERIFY": "1", "SPEC": "mtp"}, "ADAPTIVE_VERIFY=1: adaptive verify needs a drafter "
      "that reports confidence (DFlash2's selector); SPEC=mtp has none: set ADAPTIVE_VERIFY=0"),

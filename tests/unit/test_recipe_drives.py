@@ -12,7 +12,7 @@ SETTINGS = [
     {"TOOL_CALL_PARSER": "none", "JIT_CACHE": "none"}, {"GENERATION_CONFIG": '{"top_k": 2}'},
     {"TARGET_WEIGHT_GROUPS_INT8": "shared,mla,kda_o,kda_in,lm_head", "INT_GROUP_SIZE": "64",
      "TARGET_WEIGHT_FORMAT": "nvfp4", "FORCE_UNSAFE_WEIGHTS": "1", "DRAFT_WEIGHTS": "nvfp4"},
-    {"KPOOL_TAIL_FIX": "1", "ROUTER_FP32": "1", "INDEXER_WS_FACTOR": "1"},
+    {"KPOOL_TAIL_FIX": "1", "ROUTER_FP32": "1", "INDEXER_WS_FACTOR": "1", "SKIP_MTP_WEIGHTS": "1"},
     {"ADAPTIVE_VERIFY_TAU": "1.0", "ADAPTIVE_VERIFY_MAX": "3"},
 ]
 

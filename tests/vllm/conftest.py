@@ -1,6 +1,7 @@
 """Fixtures of the vllm tier: real release trees from PyPI, copied per test."""
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -51,3 +52,18 @@ def run_script(*args: str, cwd: Path = REPO_ROOT, env: dict | None = None):
         [sys.executable, *args], cwd=cwd, capture_output=True, text=True,
         env={**os.environ, **(env or {})}, timeout=900, check=False,
     )
+
+
+def patch_layer(layer: str, root: Path, *extra: str) -> tuple[int, dict, str]:
+    """scripts/patch-layer LAYER --root ROOT --json EXTRA: (exit code, its report or {}, stderr)."""
+    result = run_script("scripts/patch-layer", layer, "--root", str(root), "--json", *extra)
+    return result.returncode, (json.loads(result.stdout) if result.stdout.strip() else {}), result.stderr
+
+
+@pytest.fixture(scope="session")
+def diff_dir(tmp_path_factory):
+    """scripts/make-backport's diffs (v9's DFlash2 backport per shape and the salt), made once."""
+    out = tmp_path_factory.mktemp("backports")
+    result = run_script("scripts/make-backport", "--out-dir", str(out))
+    assert result.returncode == 0, result.stderr
+    return out

@@ -25,7 +25,7 @@ import types
 import pytest
 
 from recipekit.backport import load_manifest, salt_diff_file_name, salt_shapes, sha256_text
-from tests.vllm.conftest import REPO_ROOT, run_script, tree_digest
+from tests.vllm.conftest import REPO_ROOT, patch_layer, tree_digest
 
 GUMBEL_CALLS = {"gumbel_sample": "is_drafting", "gumbel_block_argmax": "IS_DRAFTING",
                 "gumbel_noised_argmax": "IS_DRAFTING"}
@@ -42,17 +42,8 @@ FLASH_ATTN = "vllm/v1/attention/backends/flash_attn.py"
 DFLASH_SPECULATOR = "vllm/v1/worker/gpu/spec_decode/dflash/speculator.py"
 
 
-@pytest.fixture(scope="module")
-def diff_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("backports")
-    result = run_script("scripts/make-backport", "--out-dir", str(out))
-    assert result.returncode == 0, result.stderr
-    return out
-
-
 def patch_v9(root, diff_dir, *extra):
-    result = run_script("scripts/patch-layer", "v9", "--root", str(root), "--json", "--diff", str(diff_dir), *extra)
-    return result.returncode, (json.loads(result.stdout) if result.stdout.strip() else {}), result.stderr
+    return patch_layer("v9", root, "--diff", str(diff_dir), *extra)
 
 
 @pytest.fixture(scope="module")

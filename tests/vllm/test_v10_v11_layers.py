@@ -8,15 +8,13 @@ import sys
 
 import pytest
 
-from tests.vllm.conftest import REPO_ROOT, run_script, tree_digest
+from tests.vllm.conftest import REPO_ROOT, patch_layer, tree_digest
 
 NO_GLM5NEXT = "the base has no Glm5Next"
 
 
 def patch(layer, root, *extra):
-    result = run_script("scripts/patch-layer", layer, "--root", str(root), "--json", *extra)
-    report = json.loads(result.stdout) if result.stdout.strip() else {}
-    return result.returncode, report
+    return patch_layer(layer, root, *extra)[:2]
 
 
 def probe(script, tree, *args):

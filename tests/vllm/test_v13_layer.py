@@ -11,34 +11,33 @@ import sys
 import pytest
 
 from recipekit.layers.v13_groups import (
-    GROUPS, INDEXER, KPOOL_KERNELS, MODEL_RUNNER, REJECTION_SAMPLER, ROUTER, TAIL_CACHE,
+    GROUPS, INDEXER, KPOOL_KERNELS, MODEL_RUNNER, REJECTION_SAMPLER, ROUTER, TAIL_CACHE, WEIGHT_FILTER,
 )
-from tests.vllm.conftest import REPO_ROOT, run_script, tree_digest
+from tests.vllm.conftest import REPO_ROOT, patch_layer, run_script, tree_digest
 
 BASES = ["0.30.0", "fork"]
 SWITCHES = [group.variable for group in GROUPS]
 V13_FILES = {
     KPOOL_KERNELS, TAIL_CACHE, INDEXER, "vllm/models/glm5next/nvidia/model.py", "vllm/glm53_v13_switches.py",
-    REJECTION_SAMPLER, MODEL_RUNNER, ROUTER,
+    REJECTION_SAMPLER, MODEL_RUNNER, ROUTER, WEIGHT_FILTER,
 }
 
 
 def patch(root, *extra):
-    result = run_script("scripts/patch-layer", "v13", "--root", str(root), "--json", *extra)
-    return result.returncode, (json.loads(result.stdout) if result.stdout.strip() else {})
+    return patch_layer("v13", root, *extra)[:2]
 
 
-def run_probe(tree, name: str, switches: dict[str, str]):
+def run_probe(tree, name: str, switches: dict[str, str], *args: str):
     env = {key: value for key, value in os.environ.items() if not key.startswith("GLM53_")}
     env.update(PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1", **switches)
     return subprocess.run(
-        [sys.executable, str(REPO_ROOT / "tests/vllm/probes" / name)],
+        [sys.executable, str(REPO_ROOT / "tests/vllm/probes" / name), *args],
         capture_output=True, text=True, timeout=900, check=False, env=env,
     )
 
 
-def probe(tree, switches_on: bool, name: str = "v13_switches.py", **extra: str):
-    result = run_probe(tree, name, {**({s: "1" for s in SWITCHES} if switches_on else {}), **extra})
+def probe(tree, switches_on: bool, name: str = "v13_switches.py", *args: str, **extra: str):
+    result = run_probe(tree, name, {**({s: "1" for s in SWITCHES} if switches_on else {}), **extra}, *args)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -111,7 +110,7 @@ def test_0_33_0_provides_the_ring_and_workspace_and_takes_the_router_switch(tree
     assert changes["adaptive-verify"]["status"] == "applied"
     assert sorted(report["files"]) == sorted([
         "vllm/glm53_v13_switches.py", "vllm/models/glm5next/common/model.py",
-        REJECTION_SAMPLER, MODEL_RUNNER, ROUTER,
+        REJECTION_SAMPLER, MODEL_RUNNER, ROUTER, WEIGHT_FILTER,
     ])
     before = tree_digest(root)
     assert patch(root)[1]["outcome"] == "already-applied"
@@ -157,6 +156,25 @@ def test_adaptive_verify_refuses_bad_settings_in_one_line(patched, switches, mes
     result = run_probe(patched[1], "adaptive_verify.py", {"GLM53_ADAPTIVE_VERIFY": "1", **switches})
     assert result.returncode != 0
     assert message in result.stderr.strip().splitlines()[-1]
+
+
+MTP_LAYER = ["model.layers.45.mlp.experts.3.down_proj.weight", "model.layers.45.eh_proj.weight",
+             "layers.45.enorm.weight"]
+
+
+def test_the_mtp_layer_weights_are_skipped_unread_only_when_asked(patched):
+    root = patched[1]
+    on = probe(root, False, "skip_mtp_weights.py", "dflash", GLM53_SKIP_MTP_WEIGHTS="1")
+    assert on == {"without_ep": MTP_LAYER, "with_ep": MTP_LAYER}  # layer 44, 4, 450 and dense kept
+    off = probe(root, False, "skip_mtp_weights.py", "dflash")
+    assert off == {"without_ep": [], "with_ep": [MTP_LAYER[0]]}  # expert 3 is not local: as served
+
+
+def test_skipping_the_mtp_weights_refuses_the_mtp_drafter(patched):
+    result = run_probe(patched[1], "skip_mtp_weights.py", {"GLM53_SKIP_MTP_WEIGHTS": "1"}, "mtp")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1])["refused"].startswith(
+        "GLM53_SKIP_MTP_WEIGHTS=1: the drafter is the checkpoint's MTP head")
 
 
 def test_0_27_1_has_no_glm5next(tree_copy):

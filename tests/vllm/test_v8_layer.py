@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from recipekit.flashinfer_sources import flashinfer_tree
-from tests.vllm.conftest import REPO_ROOT, run_script, tree_digest
+from tests.vllm.conftest import REPO_ROOT, patch_layer, tree_digest
 
 PROBES = REPO_ROOT / "tests/vllm/probes"
 CUDA = "vllm/platforms/cuda.py"
@@ -31,9 +31,7 @@ INSTALL_FIRST = "install the pinned flashinfer-python==0.6.18 first"
 
 
 def patch(root, *extra):
-    result = run_script("scripts/patch-layer", "v8", "--root", str(root), "--json", *extra)
-    report = json.loads(result.stdout) if result.stdout.strip() else {}
-    return result.returncode, report
+    return patch_layer("v8", root, *extra)[:2]
 
 
 def statuses(report):

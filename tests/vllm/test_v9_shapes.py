@@ -14,22 +14,13 @@ import sys
 import pytest
 
 from recipekit.backport import LOGITS_CACHE, SHAPES, generate, load_manifest, sha256_text
-from tests.vllm.conftest import REPO_ROOT, run_script, tree_digest
+from tests.vllm.conftest import REPO_ROOT, patch_layer, run_script, tree_digest
 
 pytest.importorskip("torch", reason="the vllm tier needs CPU torch 2.13.0 (scripts/test installs it)")
 
 
-@pytest.fixture(scope="module")
-def diff_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("backports")
-    result = run_script("scripts/make-backport", "--out-dir", str(out))
-    assert result.returncode == 0, result.stderr
-    return out
-
-
 def patch_v9(root, *extra):
-    result = run_script("scripts/patch-layer", "v9", "--root", str(root), "--json", *extra)
-    return result.returncode, (json.loads(result.stdout) if result.stdout.strip() else {}), result.stderr
+    return patch_layer("v9", root, *extra)
 
 
 @pytest.fixture(scope="module")
