@@ -70,20 +70,6 @@ def test_has_triton_fix_applies_once_after_the_gate(tmp_path):
     compile(text, str(path), "exec")
 
 
-@pytest.mark.parametrize("moved", [
-    IMPORTING.replace("import os\n", ""),
-    IMPORTING.replace("from importlib.util import find_spec\n", "import importlib.util\n"),
-    IMPORTING.replace("if HAS_TRITON:", "if HAS_TRITON and True:"),
-    IMPORTING + "if HAS_TRITON:\n    pass\n",
-], ids=["no-os", "no-find_spec", "gate-reshaped", "two-gates"])
-def test_has_triton_fix_refuses_a_moved_file(tmp_path, moved):
-    path = tmp_path / "importing.py"
-    path.write_text(moved)
-    with pytest.raises(FixRefused, match="importing.py"):
-        ensure_has_triton_under_interpreter(path)
-    assert path.read_text() == moved
-
-
 def test_mask_fix_applies_once(tmp_path):
     path = tmp_path / "interpreter.py"
     path.write_text(INTERPRETER)
@@ -92,20 +78,6 @@ def test_mask_fix_applies_once(tmp_path):
     assert text == INTERPRETER.replace("mask.data,", "mask.data.astype(bool),").replace(
         "value.data, mask.data)", "value.data, mask.data.astype(bool))")
     assert _run(path, ensure_interpreter_bool_masks) == ("present", text)
-
-
-@pytest.mark.parametrize("moved", [
-    INTERPRETER.replace("class InterpreterBuilder", "class Builder"),
-    INTERPRETER.replace("ptrs.data, mask.data, other", "ptrs.data, mask, other"),
-    INTERPRETER.replace("return _interpreter.store", "return _interp.store"),
-    INTERPRETER.replace("value.data, mask.data)", "value.data, mask.data.astype(bool))"),
-], ids=["no-builder", "load-reshaped", "store-renamed", "half-fixed"])
-def test_mask_fix_refuses_a_moved_or_half_fixed_file(tmp_path, moved):
-    path = tmp_path / "interpreter.py"
-    path.write_text(moved)
-    with pytest.raises(FixRefused, match="interpreter.py"):
-        ensure_interpreter_bool_masks(path)
-    assert path.read_text() == moved
 
 
 def test_libdevice_fix_applies_once_before_patch_lang_returns(tmp_path):
@@ -120,16 +92,27 @@ def test_libdevice_fix_applies_once_before_patch_lang_returns(tmp_path):
     compile(text, str(path), "exec")
 
 
-@pytest.mark.parametrize("moved", [
-    PATCH_LANG.replace("def _patch_lang(fn):", "def _patch_language(fn):"),
-    PATCH_LANG.replace("    return scope\n", "    return None\n"),
-    PATCH_LANG.replace("import numpy as np\n", "import numpy\n"),
-    PATCH_LANG.replace("class TensorHandle:", "class Handle:"),
-    PATCH_LANG.replace("    return scope\n", "    _patch_libdevice(scope)\n    return scope\n"),
-], ids=["no-patch-lang", "returns-other", "numpy-renamed", "no-tensor-handle", "half-fixed"])
-def test_libdevice_fix_refuses_a_moved_or_half_fixed_file(tmp_path, moved):
-    path = tmp_path / "interpreter.py"
+# each fix, given a file an upstream change moved or one it half fixed, refuses it unchanged
+@pytest.mark.parametrize("fix, name, moved", [
+    (ensure_has_triton_under_interpreter, "importing.py", IMPORTING.replace("import os\n", "")),
+    (ensure_has_triton_under_interpreter, "importing.py", IMPORTING.replace("from importlib.util import find_spec\n", "import importlib.util\n")),
+    (ensure_has_triton_under_interpreter, "importing.py", IMPORTING.replace("if HAS_TRITON:", "if HAS_TRITON and True:")),
+    (ensure_has_triton_under_interpreter, "importing.py", IMPORTING + "if HAS_TRITON:\n    pass\n"),
+    (ensure_interpreter_bool_masks, "interpreter.py", INTERPRETER.replace("class InterpreterBuilder", "class Builder")),
+    (ensure_interpreter_bool_masks, "interpreter.py", INTERPRETER.replace("ptrs.data, mask.data, other", "ptrs.data, mask, other")),
+    (ensure_interpreter_bool_masks, "interpreter.py", INTERPRETER.replace("return _interpreter.store", "return _interp.store")),
+    (ensure_interpreter_bool_masks, "interpreter.py", INTERPRETER.replace("value.data, mask.data)", "value.data, mask.data.astype(bool))")),
+    (ensure_interpreter_libdevice, "interpreter.py", PATCH_LANG.replace("def _patch_lang(fn):", "def _patch_language(fn):")),
+    (ensure_interpreter_libdevice, "interpreter.py", PATCH_LANG.replace("    return scope\n", "    return None\n")),
+    (ensure_interpreter_libdevice, "interpreter.py", PATCH_LANG.replace("import numpy as np\n", "import numpy\n")),
+    (ensure_interpreter_libdevice, "interpreter.py", PATCH_LANG.replace("class TensorHandle:", "class Handle:")),
+    (ensure_interpreter_libdevice, "interpreter.py", PATCH_LANG.replace("    return scope\n", "    _patch_libdevice(scope)\n    return scope\n")),
+], ids=["has-triton-no-os", "has-triton-no-find_spec", "has-triton-gate-reshaped", "has-triton-two-gates",
+        "masks-no-builder", "masks-load-reshaped", "masks-store-renamed", "masks-half-fixed",
+        "libdevice-no-patch-lang", "libdevice-returns-other", "libdevice-numpy-renamed", "libdevice-no-tensor-handle", "libdevice-half-fixed"])
+def test_each_fix_refuses_a_moved_or_half_fixed_file(tmp_path, fix, name, moved):
+    path = tmp_path / name
     path.write_text(moved)
-    with pytest.raises(FixRefused, match="interpreter.py"):
-        ensure_interpreter_libdevice(path)
+    with pytest.raises(FixRefused, match=name):
+        fix(path)
     assert path.read_text() == moved
