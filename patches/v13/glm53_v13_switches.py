@@ -181,6 +181,7 @@ _STATE: _AdaptiveVerifyState | None = None
 # profile's) forward so CUDA graphs captured later read these same buffers.
 _ROW_SOURCE: torch.Tensor | None = None
 _ROW_KEEP: torch.Tensor | None = None
+_ROW_IDENTITY: torch.Tensor | None = None  # what _ROW_SOURCE is reset to before each forward
 
 
 def _selector_scores(speculator) -> torch.Tensor | None:
@@ -237,7 +238,7 @@ def adaptive_verify_rows(input_batch, sampler, vllm_config) -> None:
     experts at weight 0 (written in place into the routing buffers)."""
     if _ROW_SOURCE is None:
         return
-    _ROW_SOURCE.copy_(torch.arange(_ROW_SOURCE.shape[0], device=_ROW_SOURCE.device))
+    _ROW_SOURCE.copy_(_ROW_IDENTITY)
     _ROW_KEEP.fill_(1.0)
     # sequence-parallel MoE routes a slice of the rows on each rank: row numbers would not
     # match, so the routing stays as served there (the masked drafts are still rejected)
@@ -259,12 +260,13 @@ def adaptive_verify_rows(input_batch, sampler, vllm_config) -> None:
 
 def adaptive_verify_route(topk_weights: torch.Tensor, topk_ids: torch.Tensor):
     """The router's choice with masked rows on their anchor's experts at weight 0."""
-    global _ROW_SOURCE, _ROW_KEEP
+    global _ROW_SOURCE, _ROW_KEEP, _ROW_IDENTITY
     if not ADAPTIVE_VERIFY:
         return topk_weights, topk_ids
     rows = topk_ids.shape[0]
     if _ROW_SOURCE is None:
-        _ROW_SOURCE = torch.arange(rows, device=topk_ids.device)
+        _ROW_IDENTITY = torch.arange(rows, device=topk_ids.device)
+        _ROW_SOURCE = _ROW_IDENTITY.clone()
         _ROW_KEEP = torch.ones(rows, dtype=torch.float32, device=topk_ids.device)
     if rows > _ROW_SOURCE.shape[0]:
         return topk_weights, topk_ids  # more rows than the buffers: route as served (lossless)
