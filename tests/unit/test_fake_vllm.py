@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from tests.fakes import fake_vllm
-from tests.timing import Jitter, span_agrees, span_allowance_s
 
 FAKE = Path(fake_vllm.__file__)
 
@@ -109,12 +108,15 @@ def test_environment_programs_the_fake_and_counters_can_drop_total():
 
 
 def test_stream_follows_the_programmed_schedule_on_absolute_deadlines(tmp_path):
-    """Chunks are due at t0 + ttft + j * step: the last lands on time, not late by the sum of
-    every wake-up's lag. Judged by the fake's own record of when it wrote each chunk (its
-    --request-log, the clock its deadlines are set on), not by when this process read them:
-    never before its deadline, exactly; the last no later than one wake-up's lag after its
-    own, and the span within 1%, each plus the wake-up delay measured during the very run
-    (tests/timing.py: idle, a fraction of a millisecond; a sum of 40 lags would exceed it)."""
+    """Chunks are due at t0 + ttft + j * step: each lands one wake-up's lag after its own
+    deadline, not after the sum of every earlier lag. Judged by the fake's own record of when
+    it wrote each chunk (its --request-log, the clock its deadlines are set on), not by when
+    this process read them, and by what the code controls rather than by how late the fake's
+    process woke: never before its deadline, exactly; and the lateness does not accumulate. A
+    fake that slept a step after each write would be later at every one of the 40 steps than
+    at the one before (each wake-up lag adds); on absolute deadlines the lags are independent,
+    so some step lands less late than the previous one (all 40 rising by chance: odds about
+    1 in 40!). A bound on the lag itself would measure the machine's load, not the fake."""
     log = tmp_path / "requests.jsonl"
     with fake_vllm.spawn("--step-seconds", "0.01", "--ttft-seconds", "0.05",
                          "--num-spec-tokens", "3", "--accept-pattern", "3,0",
@@ -126,7 +128,7 @@ def test_stream_follows_the_programmed_schedule_on_absolute_deadlines(tmp_path):
                                                                 "continuous_usage_stats": True}
                              }).encode())
         usages, done = [], False
-        with Jitter() as jitter, urllib.request.urlopen(request, timeout=10) as reply:
+        with urllib.request.urlopen(request, timeout=10) as reply:
             for raw in reply:
                 line = raw.decode().strip()
                 if line == "data: [DONE]":
@@ -145,8 +147,7 @@ def test_stream_follows_the_programmed_schedule_on_absolute_deadlines(tmp_path):
     deadlines = [arrived + 0.05 + j * 0.01 for j in range(41)]
     late = [written - due for written, due in zip(sent.chunk_monotonic, deadlines)]
     assert min(late) >= 0, late
-    assert late[-1] <= span_allowance_s(0.05, jitter, 0.01), (late[-1], jitter.worst_s)
-    assert span_agrees(sent.span_s, 0.40, jitter, 0.01), (sent.span_s, jitter.worst_s)
+    assert any(later < earlier for earlier, later in itertools.pairwise(late)), late
 
 
 def test_answer_mode_refuses_a_tool_result_for_a_call_never_made():
