@@ -140,6 +140,38 @@ def _serving_image(checked: Checked, knob: Knob) -> None:
         raise refusal("IMAGE", image, "stock vllm/vllm-openai images lack the v9-v11 layers "
                       "(DFlash2 backport, Glm5Next tap capture, draft KV group); accepted: "
                       f"{chain} (scripts/build.sh), or set FORCE_STOCK_IMAGE=1")
+    layer = chain_layer_number(checked.recipe, image)
+    asked = levers_asked(checked)
+    if layer is not None and layer < LEVERS_LAYER and asked:
+        raise refusal("IMAGE", image, f"image v{layer} predates layer v{LEVERS_LAYER}, which "
+                      f"reads {' '.join(asked)}: it would serve without them; accepted: "
+                      f"{checked.recipe.chain_prefix}v{LEVERS_LAYER}, or turn them off (README's "
+                      "rollback line)")
+
+
+# The layer whose switches and weight groups the GLM53_* variables drive (recipekit/layers/v13.py).
+LEVERS_LAYER = 13
+
+
+def chain_layer_number(recipe: Recipe, image: str) -> int | None:
+    """N of a chain tag <prefix>vN (after any registry path or test prefix); None otherwise."""
+    found = re.search(re.escape(recipe.chain_prefix) + r"v([0-9]+)(:[A-Za-z0-9_][A-Za-z0-9_.-]*)?$",
+                      image)
+    return int(found.group(1)) if found else None
+
+
+def levers_asked(checked: Checked) -> list[str]:
+    """NAME=value of each setting only layer v13 carries out: its switches at 1 (not a FORCE_
+    knob, which asks nothing by itself), target weight groups, an NVFP4 DFlash2 drafter."""
+    forces = {knob.force for knob in checked.recipe.knobs.values()}
+    asked = [f"{knob.name}=1" for knob in checked.recipe.knobs.values()
+             if knob.type == "flag" and knob.name not in forces and checked[knob.name] == "1"
+             and any(name.startswith("GLM53_") for name in knob.env)]
+    if checked["TARGET_WEIGHT_GROUPS_INT8"]:
+        asked.append(f"TARGET_WEIGHT_GROUPS_INT8={checked['TARGET_WEIGHT_GROUPS_INT8']}")
+    if checked["DRAFT_WEIGHTS"] == "nvfp4" and checked["SPEC"] == "dflash2":
+        asked.append("DRAFT_WEIGHTS=nvfp4")
+    return asked
 
 
 # GLM-5.3-Flash's indexer pools 4 tokens (index_kpool); image v13 sizes the tail ring from it.
@@ -164,8 +196,10 @@ def _kpool_ring(checked: Checked, knob: Knob) -> None:
 
 
 def _adaptive_verify(checked: Checked, knob: Knob) -> None:
-    if checked["ADAPTIVE_VERIFY"] == "":  # on wherever the drafter reports a confidence
-        checked.values["ADAPTIVE_VERIFY"] = "1" if checked["SPEC"] == "dflash2" else "0"
+    if checked["ADAPTIVE_VERIFY"] == "":  # on wherever the drafter reports a confidence and
+        layer = chain_layer_number(checked.recipe, checked["IMAGE"])  # the image carries it
+        carried = layer is None or layer >= LEVERS_LAYER
+        checked.values["ADAPTIVE_VERIFY"] = "1" if checked["SPEC"] == "dflash2" and carried else "0"
     if checked["ADAPTIVE_VERIFY"] == "1" and checked["SPEC"] != "dflash2":
         raise refusal("ADAPTIVE_VERIFY", "1", f"adaptive verify needs a drafter that reports "
                       f"confidence (DFlash2's selector); SPEC={checked['SPEC']} has none: set "

@@ -55,6 +55,9 @@ def launcher_env(chain_0300, tmp_path):
         "IFACE": "lo",
         "HCA": "standin0",
         "SPEC": "off",
+        # The stand-in chain's v11 serves here, so the v13 levers on by default are off.
+        "KPOOL_TAIL_FIX": "0",
+        "TARGET_WEIGHT_GROUPS_INT8": "none",
         "MODEL": str(model),
         "HF_CACHE": str(tmp_path / "hf"),
         "PORT": str(free_port()),

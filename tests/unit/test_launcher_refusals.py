@@ -5,6 +5,7 @@ Each case runs twice: through run.sh, and in the launcher's Python core directly
 checks and pins, as run.sh's DRY_RUN reaches them).
 """
 
+import re
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,9 @@ KV_WHY = ("above the 4445787956-byte pin, 5.0 GiB slowed decode 20-30% and 5.14 
 STOCK_WHY = ("stock vllm/vllm-openai images lack the v9-v11 layers (DFlash2 backport, Glm5Next "
              "tap capture, draft KV group); accepted: glm53-sm121-v13 (scripts/build.sh), or set "
              "FORCE_STOCK_IMAGE=1")
+ALL_GROUPS = "shared,mla,kda_o,kda_in,lm_head"
+OLD_IMAGE_WHY = ("it would serve without them; accepted: glm53-sm121-v13, or turn them off "
+                 "(README's rollback line)")
 WORDS_WHY = "No closing quotation; accepted: shell words (quote a word that holds spaces or JSON)"
 TP_WHY = ("accepted: a multiple of the node count 2 (each node runs TP / nodes ranks), or empty "
           "for the node count")
@@ -169,6 +173,14 @@ REFUSALS = [
     ({"IMAGE": "docker.io/vllm/vllm-openai:latest"},
      f"IMAGE=docker.io/vllm/vllm-openai:latest: {STOCK_WHY}"),
     ({"IMAGE": "Bad Image"}, "IMAGE=Bad Image: accepted: a Docker image reference"),
+    # The defaults' levers on an older chain image would be set and silently ignored.
+    ({"IMAGE": "glm53-sm121-v11"},
+     ("IMAGE=glm53-sm121-v11: image v11 predates layer v13, which reads KPOOL_TAIL_FIX=1 "
+      f"TARGET_WEIGHT_GROUPS_INT8={ALL_GROUPS} DRAFT_WEIGHTS=nvfp4: {OLD_IMAGE_WHY}")),
+    ({"IMAGE": "registry.example:5000/lab/glm53-sm121-v10:rc1", "KPOOL_TAIL_FIX": "0",
+      "TARGET_WEIGHT_GROUPS_INT8": "none", "DRAFT_WEIGHTS": "bf16", "ADAPTIVE_VERIFY": "1"},
+     ("IMAGE=registry.example:5000/lab/glm53-sm121-v10:rc1: image v10 predates layer v13, "
+      f"which reads ADAPTIVE_VERIFY=1: {OLD_IMAGE_WHY}")),
     ({"BASE_IMAGE": "base;rm"}, "BASE_IMAGE=base;rm: accepted: a Docker image reference"),
     ({"FORCE_STOCK_IMAGE": "y"}, "FORCE_STOCK_IMAGE=y: accepted: 0 | 1"),
     ({"KPOOL_TAIL_FIX": "yes"}, "KPOOL_TAIL_FIX=yes: accepted: 0 | 1"),
@@ -305,6 +317,26 @@ def test_forcing_lifts_the_backend_rule(tmp_path):
                  LINEAR_BACKEND="flashinfer_cutlass", FORCE_UNSAFE_LINEAR=1)
     assert result.returncode == 0, result.stderr
     assert "--moe-backend flashinfer_cutlass --linear-backend flashinfer_cutlass" in result.stdout
+
+
+def test_an_older_chain_image_is_accepted_with_its_levers_off(tmp_path):
+    """README's rollback line and the PR-era profile serve v11; adaptive verify left empty
+    resolves to off there, and a FORCE_ knob or a BF16 drafter asks nothing of v13."""
+    rollback = {"IMAGE": "glm53-sm121-v11", "DRAFT_WEIGHTS": "bf16",
+                "TARGET_WEIGHT_GROUPS_INT8": "none", "KPOOL_TAIL_FIX": "0", "ADAPTIVE_VERIFY": "0"}
+    assert core_refusal(tmp_path, **rollback) is None
+    assert core_refusal(tmp_path, PROFILE="seed-pr") is None
+    unset = {**rollback, "ADAPTIVE_VERIFY": "", "FORCE_UNSAFE_WEIGHTS": "1"}
+    checked = cli.load(launcher_env(tmp_path, **unset))
+    assert checked["ADAPTIVE_VERIFY"] == "0"
+    result = run(tmp_path, **unset)
+    assert result.returncode == 0, result.stderr
+    # Each rank gets only the as-loaded drafter and the force, which v11 ignores harmlessly.
+    assert set(re.findall(r"GLM53_\w+=\S+", result.stdout)) == {
+        "GLM53_DRAFT_WEIGHTS=bf16", "GLM53_FORCE_UNSAFE_WEIGHTS=1"}
+    # The same unset ADAPTIVE_VERIFY on image v13 (or an image named otherwise) is on.
+    for image in ("glm53-sm121-v13", "lab/my-serving-image:1"):
+        assert cli.load(launcher_env(tmp_path, **{**unset, "IMAGE": image}))["ADAPTIVE_VERIFY"] == "1"
 
 
 def test_forcing_a_stock_image_is_allowed(tmp_path):
