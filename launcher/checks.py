@@ -160,13 +160,18 @@ def chain_layer_number(recipe: Recipe, image: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
+def image_switches(recipe: Recipe) -> list[Knob]:
+    """The flag knobs that set an image layer's GLM53_* variable (image v13's switches)."""
+    return [knob for knob in recipe.knobs.values()
+            if knob.type == "flag" and any(name.startswith("GLM53_") for name in knob.env)]
+
+
 def levers_asked(checked: Checked) -> list[str]:
     """NAME=value of each setting only layer v13 carries out: its switches at 1 (not a FORCE_
     knob, which asks nothing by itself), target weight groups, an NVFP4 DFlash2 drafter."""
     forces = {knob.force for knob in checked.recipe.knobs.values()}
-    asked = [f"{knob.name}=1" for knob in checked.recipe.knobs.values()
-             if knob.type == "flag" and knob.name not in forces and checked[knob.name] == "1"
-             and any(name.startswith("GLM53_") for name in knob.env)]
+    asked = [f"{knob.name}=1" for knob in image_switches(checked.recipe)
+             if knob.name not in forces and checked[knob.name] == "1"]
     if checked["TARGET_WEIGHT_GROUPS_INT8"]:
         asked.append(f"TARGET_WEIGHT_GROUPS_INT8={checked['TARGET_WEIGHT_GROUPS_INT8']}")
     if checked["DRAFT_WEIGHTS"] == "nvfp4" and checked["SPEC"] == "dflash2":

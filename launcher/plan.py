@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher import pins
-from launcher.checks import Checked
+from launcher.checks import Checked, image_switches
 from launcher.drafter import cksum
 from launcher.remote import Nodes
 from launcher.settings import profile_default
@@ -475,7 +475,5 @@ def startup_line(launch: Launch, drafter_phrase: str) -> str:
 
 
 def image_switches_on(launch: Launch) -> list[str]:
-    """The flag knobs at 1 that set an image layer's GLM53_* variable (image v13's switches)."""
-    return [knob.name for knob in launch.recipe.knobs.values()
-            if knob.type == "flag" and any(name.startswith("GLM53_") for name in knob.env)
-            and launch[knob.name] == "1"]
+    """The image switches at 1 (checks.image_switches), for the start-up line."""
+    return [knob.name for knob in image_switches(launch.recipe) if launch[knob.name] == "1"]
