@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench import divergence
 from tests.engine import tiny_models
 from tests.engine.cache import cached_dir, content_key, progress
 from tests.engine.conftest import ENGINE_NICENESS, TINY_SERVE_ARGS
 from tests.engine.engine_server import EngineServer
+from tests.engine.float64_kl import expected_kls
 
 # four engines boot here on a shared 2-core machine: minutes each
 pytestmark = pytest.mark.timeout(2700)
@@ -99,25 +99,6 @@ def float64_logprobs(engine, models: list[Path], record: dict, tmp_path: Path) -
             "hidden": {Path(k): v for k, v in doc["hidden"].items()}}
 
 
-def top(row: list[float], n: int) -> dict[int, float]:
-    order = np.argsort(row)[::-1][:n]
-    return {int(t): float(row[t]) for t in order}
-
-
-def expected_kls(ref_rows: list, cand_rows: list, ref_tokens: list[int]
-                 ) -> tuple[list[float], list[float]]:
-    """(the gate's estimator on float64 top-N lists, the full KL) per position."""
-    coarse, full = [], []
-    for row_p, row_q, token in zip(ref_rows, cand_rows, ref_tokens):
-        listed_q = top(row_q, TOP_N)
-        listed_q.setdefault(token, row_q[token])  # vLLM adds the scored token
-        coarse.append(divergence.score_position(
-            top(row_p, TOP_N), listed_q, sorted(row_q, reverse=True)[TOP_N - 1]).kl)
-        p, q = np.exp(np.array(row_p)), np.array(row_q)
-        full.append(float(np.sum(p * (np.array(row_p) - q))))
-    return coarse, full
-
-
 @pytest.fixture(scope="module")
 def gate_run(engine, tmp_path_factory):
     """Boot A records, boot B measures the band; the INT8 candidate is gated."""
@@ -169,7 +150,7 @@ def test_int8_candidate_has_the_float64_kl_and_fails_beyond_the_band(gate_run, e
     for index, prompt in enumerate(record["prompts"]):
         coarse, full = expected_kls(f64["logprobs"][gate_run["target"]][index],
                                     f64["logprobs"][gate_run["int8_dir"]][index],
-                                    prompt["tokens"])
+                                    prompt["tokens"], TOP_N)
         measured = gate["prompts"][index]["kl"]
         # per position: float32 serving against float64, to 2% or 1e-7 nats
         assert measured == pytest.approx(coarse, rel=2e-2, abs=1e-7), prompt["phase"]

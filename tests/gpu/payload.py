@@ -1,0 +1,271 @@
+"""What the GPU tier carries to the GPU machine, built here from pinned sources, and its
+install there.
+
+    python -m tests.gpu.payload pack [DIR]         (here: needs PyPI; DIR default .gpu-payload)
+    python3 tests/gpu/payload.py install PART DIR  (there: no network)
+
+The GPU machine has torch 2.11 (CUDA 13), Triton and transformers but no vLLM, and takes at
+most 64 MiB a call; so the payload is two parts, each sent with one call, the second while
+the machine is still warm:
+
+- part `a`: vLLM 0.30.0's tree from its pinned wheel (Python files and data, no compiled
+  libraries) with layers v9 (provided by the release), v10, v11, v13 and v13_weights applied
+  here by this repository's own tool; the Glm5Next kernel libraries (FlashMLA, DeepSelect,
+  FlashKDA, DeepGEMM), which the part's probe tries to load; the wheels of
+  requirements/gpu-tier.txt (hash-checked); the models (tests/gpu/models.py); the launcher's
+  rank-0 argv and environment from `DRY_RUN=1 ./run.sh`.
+- part `b`: `_C_stable_libtorch.abi3.so` (Marlin, the model's custom ops) and FlashAttention
+  3, xz-compressed.
+
+Installing puts the tree in DIR/tree and the packages in DIR/site, both beside the parts
+(ignored by git, so a warm machine keeps them between calls). A part over its share of the
+64 MiB is refused at pack time, naming its size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import lzma
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+VERSION = "0.30.0"
+LAYERS = ("v9", "v10", "v11", "v13", "v13_weights")
+LOCK = REPO_ROOT / "requirements" / "gpu-tier.txt"
+CALL_LIMIT = 64 << 20  # what one call of the device tool carries, the repository included
+PART_A_SO = ("vllm/_flashmla_C.abi3.so", "vllm/_flashmla_extension_C.abi3.so",
+             "vllm/_deepselect_C.abi3.so", "vllm/_flashkda_C.abi3.so",
+             "vllm/third_party/deep_gemm/_C.cpython-312-x86_64-linux-gnu.so")
+PART_B_SO = ("vllm/_C_stable_libtorch.abi3.so", "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so")
+# left out of the tree: compiled libraries (carried one by one above or not at all), C++
+# headers for kernels compiled at run time by other backends, the wheel's Rust front end
+LEFT_OUT = (".so",)
+LEFT_OUT_PARTS = ("include",)
+LEFT_OUT_FILES = ("vllm/vllm-rs", f"vllm-{VERSION}.dist-info/RECORD")
+XZ_PRESET = 9 | lzma.PRESET_EXTREME
+MODELS = ("margin-target", "margin-drafter", "target-bf16", "target-int8")
+
+
+class PayloadError(RuntimeError):
+    """The payload cannot be made or installed; the message says why and what to do."""
+
+
+def log(message: str) -> None:
+    print(f"gpu payload: {message}", file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------- pack (here)
+
+
+def vllm_wheel() -> Path:
+    from recipekit.pinned_wheels import PinnedWheel, wheel_file
+    from recipekit.vllm_sources import WHEEL_PLATFORM, WHEEL_PYTHON, WHEEL_SHA256
+
+    return wheel_file(PinnedWheel(
+        project="vllm", version=VERSION, sha256=WHEEL_SHA256[VERSION], package="vllm",
+        cache_dir="vllm-src", platform=WHEEL_PLATFORM, python=WHEEL_PYTHON,
+        pin_file="recipekit/vllm_sources.py"), log)
+
+
+def _kept(name: str) -> bool:
+    return not (name.endswith("/") or name.endswith(LEFT_OUT) or name in LEFT_OUT_FILES
+                or any(part in LEFT_OUT_PARTS for part in name.split("/")))
+
+
+def patched_tree(wheel: Path, out: Path) -> dict[str, str]:
+    """The wheel's tree (minus what LEFT_OUT says) in `out`, with every layer applied."""
+    from recipekit.layers import load_layer, run_layer
+
+    with zipfile.ZipFile(wheel) as archive:
+        members = [m for m in archive.namelist() if _kept(m)]
+        archive.extractall(out, members)
+    outcomes = {}
+    for name in LAYERS:
+        result = run_layer(load_layer(name), out, import_check="off")
+        if result.outcome not in ("applied", "provided-by-base"):
+            raise PayloadError(f"layer {name} on vLLM {VERSION}: {result.outcome}: "
+                               f"{result.reason}")
+        outcomes[name] = f"{result.outcome}: {result.reason}"[:400]
+        log(f"layer {name}: {result.outcome}")
+    return outcomes
+
+
+def tar_xz(path: Path, root: Path, names: list[str]) -> int:
+    with tarfile.open(path, "w:xz", preset=XZ_PRESET) as archive:
+        for name in names:
+            archive.add(root / name, arcname=name)
+    return path.stat().st_size
+
+
+def libraries(wheel: Path, names: tuple[str, ...], out: Path) -> int:
+    """The wheel's compiled libraries `names` in one xz tarball, cached by the wheel's hash
+    (compressing the 78 MB _C takes a minute or two)."""
+    from recipekit.pinned_wheels import cache_root, sha256_file
+
+    key = hashlib.sha256((sha256_file(wheel) + " ".join(names)).encode()).hexdigest()[:16]
+    cached = cache_root() / "gpu-payload" / f"libraries-{key}.tar.xz"
+    if not cached.is_file():
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory() as scratch:
+            with zipfile.ZipFile(wheel) as archive:
+                archive.extractall(scratch, names)
+            log(f"compressing {', '.join(n.rsplit('/', 1)[-1] for n in names)} (xz -9e)")
+            staging = cached.with_suffix(".partial")
+            tar_xz(staging, Path(scratch), list(names))
+            os.replace(staging, cached)
+    shutil.copyfile(cached, out)
+    return out.stat().st_size
+
+
+def wheels(out: Path) -> None:
+    out.mkdir(parents=True)
+    platforms = [arg for n in (17, 24, 26, 27, 28, 31, 34, 35, 38, 39)
+                 for arg in ("--platform", f"manylinux_2_{n}_x86_64")]
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+         "--no-deps", "--only-binary=:all:", "--python-version", "3.12", "--implementation",
+         "cp", *platforms, "--platform", "manylinux2014_x86_64", "--require-hashes", "-r",
+         str(LOCK), "-d", str(out)], capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise PayloadError(f"pip download -r {LOCK.relative_to(REPO_ROOT)} failed: "
+                           f"{(done.stderr or done.stdout).strip().splitlines()[-1:]}")
+
+
+def models(out: Path) -> dict[str, str]:
+    from tests.gpu import models as made
+    from tests.vllm.probes.weight_groups_roundtrip import load
+
+    # the helper as the v13 layer installs it; it imports vLLM 0.30.0 (the test venv's)
+    helper = load(str(REPO_ROOT / "patches" / "v13" / "weight_groups.py"))
+    margin = made.margin_target_dir()
+    dirs = {"margin-target": margin, "margin-drafter": made.margin_drafter_dir(margin),
+            "target-bf16": made.bf16_target_dir(), "target-int8": made.int8_target_dir(helper)}
+    for name, source in dirs.items():
+        shutil.copytree(source, out / name, ignore=shutil.ignore_patterns(".complete"))
+    return {name: source.name for name, source in dirs.items()}
+
+
+def launcher_rank0(model: str) -> dict:
+    """Rank 0's vllm argv and container environment of a one-node `DRY_RUN=1 ./run.sh`, at
+    the tiny drafter's k (3) and the recipe's two sequences: capture sizes 1, 2, 4, 8."""
+    from tests.engine.test_launcher_engine import rank_launch
+    from tests.unit.test_launcher_support import dry_run, serve_commands
+
+    with tempfile.TemporaryDirectory() as scratch:
+        stdout = dry_run(Path(scratch), nodes=1, MODEL=model, MODEL_REVISION=None,
+                         NUM_SPECULATIVE_TOKENS="3")
+    (_, docker), = serve_commands(stdout).values()
+    argv, container = rank_launch(docker)
+    return {"argv": argv, "env": container["env"]}
+
+
+def repository_bytes() -> int:
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO_ROOT,
+                            capture_output=True, check=True).stdout.split(b"\0")
+    return sum((REPO_ROOT / name.decode()).stat().st_size for name in listed
+               if name and (REPO_ROOT / name.decode()).is_file())
+
+
+def pack(out: Path) -> dict:
+    wheel = vllm_wheel()
+    if out.exists():
+        shutil.rmtree(out)
+    part_a, part_b = out / "a", out / "b"
+    part_a.mkdir(parents=True)
+    part_b.mkdir(parents=True)
+    manifest: dict = {"vllm": VERSION, "wheel": wheel.name}
+    with tempfile.TemporaryDirectory() as scratch:
+        tree = Path(scratch) / "tree"
+        manifest["layers"] = patched_tree(wheel, tree)
+        names = sorted(str(p.relative_to(tree)) for p in tree.rglob("*") if p.is_file())
+        tar_xz(part_a / "tree.tar.xz", tree, names)
+    libraries(wheel, PART_A_SO, part_a / "glm5next-libraries.tar.xz")
+    libraries(wheel, PART_B_SO, part_b / "libraries.tar.xz")
+    wheels(part_a / "wheels")
+    with tempfile.TemporaryDirectory() as scratch:
+        manifest["models"] = models(Path(scratch))
+        tar_xz(part_a / "models.tar.xz", Path(scratch), list(MODELS))
+    (part_a / "launcher_rank0.json").write_text(json.dumps(
+        launcher_rank0("/models/tiny"), indent=1))
+    repository = repository_bytes()
+    manifest["repository_bytes"] = repository
+    for part in (part_a, part_b):
+        size = sum(p.stat().st_size for p in part.rglob("*") if p.is_file())
+        manifest[f"part_{part.name}_bytes"] = size
+        if size + repository > CALL_LIMIT:
+            raise PayloadError(f"{part}: {size + repository} bytes with the repository, over "
+                               f"one call's {CALL_LIMIT}; carry less in it")
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    log(f"packed {out}: part a {manifest['part_a_bytes'] >> 20} MiB, part b "
+        f"{manifest['part_b_bytes'] >> 20} MiB, repository {repository >> 20} MiB")
+    return manifest
+
+
+# ----------------------------------------------------------------------------- install (there)
+
+
+def install(part: str, root: Path) -> None:
+    source = root / part
+    if not source.is_dir():
+        raise PayloadError(f"{source}: no part {part} here; send it with the call "
+                           f"(carry .gpu-payload/{part}), part a first")
+    tree = root / "tree"
+    if part == "a":
+        for stale in (tree, root / "site", root / "models"):
+            shutil.rmtree(stale, ignore_errors=True)
+        for archive, into in (("tree.tar.xz", tree), ("glm5next-libraries.tar.xz", tree),
+                              ("models.tar.xz", root / "models")):
+            with tarfile.open(source / archive) as opened:
+                opened.extractall(into, filter="data")
+        done = subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
+             "--no-compile", "--no-cache-dir", "--disable-pip-version-check", "--target",
+             str(root / "site"), *map(str, sorted((source / "wheels").glob("*.whl")))],
+            capture_output=True, text=True, check=False)
+        if done.returncode:
+            raise PayloadError(f"pip install of part a's wheels failed: {done.stderr[-800:]}")
+        shutil.copyfile(source / "launcher_rank0.json", root / "launcher_rank0.json")
+    else:
+        if not (tree / "vllm" / "__init__.py").is_file():
+            raise PayloadError(f"{tree}: part a is not installed (the machine went cold "
+                               f"between the calls?); send part a again, then part b")
+        with tarfile.open(source / "libraries.tar.xz") as opened:
+            opened.extractall(tree, filter="data")
+    log(f"installed part {part} under {root}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("pack").add_argument("dir", nargs="?", type=Path,
+                                        default=REPO_ROOT / ".gpu-payload")
+    installing = sub.add_parser("install")
+    installing.add_argument("part", choices=("a", "b"))
+    installing.add_argument("dir", type=Path)
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "pack":
+            pack(args.dir)
+        else:
+            install(args.part, args.dir)
+    except PayloadError as error:
+        print(f"gpu payload: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
