@@ -231,6 +231,7 @@ def swap_linear(name: str, layer: torch.nn.Module, fmt: str, group_size: int) ->
     input_size, output_size, parts = _sizes(layer, weight)
     data = weight.data
     k = data.shape[1]
+    device = data.device
     if fmt == "int8":
         scheme = CompressedTensorsWNA16(strategy="group", num_bits=8, group_size=group_size,
                                         symmetric=True, layer_name=name)
@@ -242,11 +243,14 @@ def swap_linear(name: str, layer: torch.nn.Module, fmt: str, group_size: int) ->
     freed = data.numel() * data.element_size()
     del layer._parameters["weight"]  # the BF16 tensor goes with its last reference
     del weight, data
-    scheme.create_weights(layer=layer, output_size=output_size, input_size=input_size,
-                          output_partition_sizes=parts,
-                          input_size_per_partition=k,
-                          params_dtype=layer.params_dtype if hasattr(layer, "params_dtype")
-                          else torch.bfloat16, weight_loader=_no_loader)
+    # vLLM processes weights after loading outside the loader's device scope: allocate the
+    # scheme's parameters where the BF16 weight was, or the Marlin repack meets CPU tensors
+    with torch.device(device):
+        scheme.create_weights(layer=layer, output_size=output_size, input_size=input_size,
+                              output_partition_sizes=parts,
+                              input_size_per_partition=k,
+                              params_dtype=layer.params_dtype if hasattr(layer, "params_dtype")
+                              else torch.bfloat16, weight_loader=_no_loader)
     with torch.no_grad():
         for key, value in tensors.items():
             getattr(layer, key).data.copy_(value.to(getattr(layer, key).device))
