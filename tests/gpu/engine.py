@@ -42,7 +42,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from tests.engine import dflash2_models  # noqa: E402
 from tests.engine.engine_client import greedy_path, spec_counters  # noqa: E402
-from tests.engine.engine_server import EngineServer, free_port, start_all  # noqa: E402
+from tests.engine.engine_server import EngineServer, free_port  # noqa: E402
 from tests.engine.float64_kl import expected_kls  # noqa: E402
 
 K = dflash2_models.K
@@ -51,6 +51,7 @@ PROMPTS = ["Count from 1 to 200", "the secret code word", "Python function"]
 GATE_MAX_TOKENS, GATE_TOP_N, GATE_NEEDLE_WORDS = 48, 20, 300
 KV_BYTES = str(1 << 30)
 READY_TIMEOUT_S = 300
+TOOL_TIMEOUT_S = 120
 INT8_KL_TOLERANCE = 0.25  # bf16 serving against the float64 prediction, mean KL, relative
 REMAP = REPO_ROOT / "tests" / "gpu" / "remap"
 LOG_FACTS = re.compile(r"GLM53|groups pointed at|cudagraph_mode|Capturing CUDA graph|Graph "
@@ -201,12 +202,23 @@ def answers(server: EngineServer) -> list[dict]:
     return out
 
 
+def answers_or_error(server: EngineServer) -> list[dict] | str:
+    try:
+        return answers(server)
+    except Exception as error:  # a server that answers wrongly: its error is the finding
+        return f"{type(error).__name__}: {error}"[:1500]
+
+
 def tool(out: Path, name: str, script: str, *args: str) -> dict:
     """Run a bench/ tool; its exit code, its JSON (`--out` or `--json` FILE), its output tail."""
     path = out / f"{name}.json"
-    flag = "--json" if script == "receipts.py" else "--out"
-    done = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / script), *args, flag,
-                           str(path)], capture_output=True, text=True, timeout=600, check=False)
+    flag = "--out" if script == "quality.py" else "--json"
+    try:
+        done = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / script), *args, flag,
+                               str(path)], capture_output=True, text=True, timeout=TOOL_TIMEOUT_S,
+                              check=False)
+    except subprocess.TimeoutExpired:
+        return {"exit": None, "doc": None, "tail": f"timed out after {TOOL_TIMEOUT_S} s"}
     doc = json.loads(path.read_text()) if path.exists() else None
     return {"exit": done.returncode, "doc": doc, "tail": (done.stdout + done.stderr)[-1500:]}
 
@@ -219,7 +231,7 @@ def float64_prediction(payload: Path, record: dict, out: Path) -> dict:
         for p in record["prompts"]]}))
     done = subprocess.run([sys.executable, str(REPO_ROOT / "tests/engine/float64_logprobs.py"),
                            str(request), str(answer)], capture_output=True, text=True,
-                          timeout=600, check=False,
+                          timeout=TOOL_TIMEOUT_S, check=False,
                           env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
     if done.returncode:
         raise RuntimeError(f"float64_logprobs failed: {done.stderr[-1500:]}")
@@ -240,32 +252,63 @@ def check(results: list, name: str, passed: bool, **numbers) -> None:
     log(f"{'pass' if passed else 'FAIL'}: {name} {json.dumps(numbers)[:300]}")
 
 
+MARGIN = ("undrafted", "drafted", "tau-0.3", "tau-1.0", "defaults")
+
+
 def margin_checks(results: list, got: dict[str, list[dict]], table: list[int]) -> None:
+    """`got`: the answers of the margin servers that booted; a missing one fails its checks."""
     designed = dflash2_models.expected_rates(causal=False)
+    missing = [name for name in MARGIN if name not in got]
+    if missing:
+        check(results, "every margin server booted", False, missing=missing)
+    if "undrafted" not in got:
+        return
     base = got["undrafted"]
     follows = all(all(table[a] == b for a, b in zip(p["ids"], p["ids"][1:])) for p in base)
     check(results, "undrafted greedy tokens follow the margin target's table", follows,
           lengths=[len(p["ids"]) for p in base], min_margin=min(p["min_margin"] for p in base))
-    for name in ("drafted", "tau-0.3", "tau-1.0", "defaults"):
+    drafting = [name for name in MARGIN[1:] if name in got]
+    for name in drafting:
         same = [a["ids"] == b["ids"] for a, b in zip(got[name], base)]
         check(results, f"{name}: greedy tokens equal undrafted", all(same), per_prompt=same)
         shapes = all(p["draft_tokens"] == K * p["drafts"] and p["drafts"] > 0 for p in got[name])
         check(results, f"{name}: every step drafts k = {K} (shapes unchanged)", shapes,
               drafts=[p["drafts"] for p in got[name]])
-    rates = {name: [p["rates"] or [0.0] * K for p in got[name]]
-             for name in ("drafted", "tau-0.3", "tau-1.0", "defaults")}
-    check(results, "levers off: the drafter's designed acceptance per position",
-          all(r == designed for r in rates["drafted"]), designed=designed, got=rates["drafted"])
-    falls = all(all(a >= b for a, b in zip(hi, lo))
-                for seq in zip(rates["drafted"], rates["tau-0.3"], rates["tau-1.0"])
-                for hi, lo in zip(seq, seq[1:]))
-    check(results, "adaptive verify: acceptance per position falls as tau rises (off, 0.3, 1.0)",
-          falls and all(sum(a) > sum(c) for a, c in zip(rates["drafted"], rates["tau-1.0"])),
-          per_tau={k: rates[k] for k in ("drafted", "tau-0.3", "tau-1.0")})
-    check(results, "adaptive verify at tau 1.0 accepts nothing",
-          all(p["per_position"] == [0] * K for p in got["tau-1.0"]))
-    lengths = {name: [round(1 + sum(r), 3) for r in rs] for name, rs in rates.items()}
-    results.append({"acceptance_length": lengths})
+    rates = {name: [p["rates"] or [0.0] * K for p in got[name]] for name in drafting}
+    results.append({"acceptance_length": {name: [round(1 + sum(r), 3) for r in rs]
+                                          for name, rs in rates.items()}})
+    if "drafted" in rates:
+        check(results, "levers off: the drafter's designed acceptance per position",
+              all(r == designed for r in rates["drafted"]), designed=designed,
+              got=rates["drafted"])
+    if all(name in rates for name in ("drafted", "tau-0.3", "tau-1.0")):
+        falls = all(all(a >= b for a, b in zip(hi, lo))
+                    for seq in zip(rates["drafted"], rates["tau-0.3"], rates["tau-1.0"])
+                    for hi, lo in zip(seq, seq[1:]))
+        check(results, "adaptive verify: acceptance per position falls as tau rises (off, 0.3, "
+                       "1.0)",
+              falls and all(sum(a) > sum(c) for a, c in zip(rates["drafted"], rates["tau-1.0"])),
+              per_tau={k: rates[k] for k in ("drafted", "tau-0.3", "tau-1.0")})
+    if "tau-1.0" in got:
+        check(results, "adaptive verify at tau 1.0 accepts nothing",
+              all(p["per_position"] == [0] * K for p in got["tau-1.0"]))
+
+
+def boot(made: dict[str, EngineServer], doc: dict) -> dict[str, EngineServer]:
+    """Start every server at once; the ones that answered, by name. A server that did not is
+    stopped and its failure recorded; the others go on."""
+    for server in made.values():
+        server.start()
+    up = {}
+    for name, server in made.items():
+        try:
+            server.wait_ready()
+        except Exception as error:  # EngineStartError and the like: recorded, not fatal
+            doc["servers"][name]["boot_error"] = str(error)[-2500:]
+            continue
+        doc["servers"][name]["ready_s"] = round(server.ready_s, 1)
+        up[name] = server
+    return up
 
 
 def run(doc: dict, payload: Path, out: Path) -> None:
@@ -280,102 +323,100 @@ def run(doc: dict, payload: Path, out: Path) -> None:
     for name, server in made.items():
         doc["servers"][name] = {"argv": server.argv[3:], "env": {
             k: v for k, v in server.env.items() if k.startswith(LEVERS)}}
-    try:
-        running = start_all(list(made.values()))
-    except Exception as error:  # every server stopped by start_all; say which and why
-        doc["boot_error"] = str(error)[-4000:]
-        for name, server in made.items():
-            doc["servers"][name]["log_facts"] = log_facts(server)
-        doc["passed"] = False
-        return
     results = doc["checks"]
     try:
-        for server in running:
-            doc["servers"][server.name]["ready_s"] = round(server.ready_s, 1)
-        log(f"all {len(running)} servers ready after {time.monotonic() - started:.0f} s")
-        margin_names = ["undrafted", "drafted", "tau-0.3", "tau-1.0", "defaults"]
-        with ThreadPoolExecutor(len(margin_names)) as pool:
-            got = dict(zip(margin_names, pool.map(lambda n: answers(made[n]), margin_names)))
-        doc["answers"] = {n: [{k: v for k, v in p.items() if k != "ids"} for p in ps]
-                          for n, ps in got.items()}
+        up = boot(made, doc)
+        log(f"{len(up)} of {len(made)} servers ready after {time.monotonic() - started:.0f} s")
+        booted = [name for name in MARGIN if name in up]
+        with ThreadPoolExecutor(max(1, len(booted))) as pool:
+            replies = dict(zip(booted, pool.map(lambda n: answers_or_error(up[n]), booted)))
+        got = {n: r for n, r in replies.items() if isinstance(r, list)}
+        doc["answers"] = {n: r if isinstance(r, str) else
+                          [{k: v for k, v in p.items() if k != "ids"} for p in r]
+                          for n, r in replies.items()}
         margin_checks(results, got, table)
-        url = {name: server.url for name, server in made.items()}
-        for drafted in ("drafted", "defaults"):
-            receipt = tool(out, f"lossless-{drafted}", "receipts.py", "lossless", "--drafted",
-                           url[drafted], "--undrafted", url["undrafted"], "--max-tokens", "64")
-            doc[f"lossless_{drafted}"] = receipt
-            check(results, f"receipts.py lossless: {drafted} against undrafted",
-                  receipt["exit"] == 0, exit=receipt["exit"])
-        receipt = tool(out, "solo-vs-concurrent", "receipts.py", "solo-vs-concurrent", "--url",
-                       url["defaults"], "--max-tokens", "64")
-        doc["solo_vs_concurrent"] = receipt
-        check(results, "receipts.py solo-vs-concurrent on defaults", receipt["exit"] == 0,
-              exit=receipt["exit"])
-        bench = subprocess.run(
-            [sys.executable, str(REPO_ROOT / "bench/bench_decode.py"), "--url", url["defaults"],
-             "--phase", "structured", "--concurrency", "1,2", "--runs", "1", "--max-tokens",
-             "64", "--json", str(out / "bench-defaults.json"), "--quiet"],
-            capture_output=True, text=True, timeout=600, check=False)
-        doc["bench_defaults"] = {"exit": bench.returncode, "tail": bench.stdout[-2000:]
-                                 + bench.stderr[-1000:]}
+        url = {name: server.url for name, server in up.items()}
+        receipts_and_bench(doc, results, url, out)
         gate_quality(doc, results, url, payload, out)
     finally:
-        for server in running:
+        for server in made.values():
             server.stop()
         for name, server in made.items():
             doc["servers"][name]["log_facts"] = log_facts(server)
-    swap = [f for f in doc["servers"]["defaults"]["log_facts"]["facts"]
-            if "GLM53 weight groups" in f]
-    check(results, "defaults: the drafter's linears swapped to NVFP4 (the helper's log line)",
-          any("DFlash2Qwen3ForCausalLM" in f and "draft" in f for f in swap), lines=swap)
-    swap = [f for f in doc["servers"]["gate-int8"]["log_facts"]["facts"]
-            if "GLM53 weight groups" in f]
-    check(results, "gate-int8: the target's linears swapped to INT8 (the helper's log line)",
-          any("Qwen3ForCausalLM" in f for f in swap), lines=swap)
+    for name, owner, what in (("defaults", "DFlash2Qwen3ForCausalLM", "the drafter's linears "
+                               "swapped to NVFP4"),
+                              ("gate-int8", "Qwen3ForCausalLM", "the target's linears swapped "
+                               "to INT8")):
+        swap = [f for f in doc["servers"][name]["log_facts"]["facts"]
+                if "GLM53 weight groups" in f]
+        check(results, f"{name}: {what} (the helper's log line)",
+              any(f"GLM53 weight groups on {owner}:" in f for f in swap), lines=swap)
     doc["passed"] = all(r.get("passed", True) for r in results)
     doc["wall_s"] = round(time.monotonic() - started, 1)
+
+
+def receipts_and_bench(doc: dict, results: list, url: dict, out: Path) -> None:
+    for drafted in ("drafted", "defaults"):
+        if drafted not in url or "undrafted" not in url:
+            check(results, f"receipts.py lossless: {drafted} against undrafted", False,
+                  reason="a server did not boot")
+            continue
+        receipt = tool(out, f"lossless-{drafted}", "receipts.py", "lossless", "--drafted",
+                       url[drafted], "--undrafted", url["undrafted"], "--max-tokens", "64")
+        doc[f"lossless_{drafted}"] = receipt
+        check(results, f"receipts.py lossless: {drafted} against undrafted",
+              receipt["exit"] == 0, exit=receipt["exit"])
+    if "defaults" not in url:
+        return
+    receipt = tool(out, "solo-vs-concurrent", "receipts.py", "solo-vs-concurrent", "--url",
+                   url["defaults"], "--max-tokens", "64")
+    doc["solo_vs_concurrent"] = receipt
+    check(results, "receipts.py solo-vs-concurrent on defaults", receipt["exit"] == 0,
+          exit=receipt["exit"])
+    bench = tool(out, "bench-defaults", "bench_decode.py", "--url", url["defaults"], "--phase",
+                 "structured", "--concurrency", "1,2", "--runs", "1", "--max-tokens", "64",
+                 "--quiet")
+    doc["bench_defaults"] = bench
 
 
 def gate_quality(doc: dict, results: list, url: dict, payload: Path, out: Path) -> None:
     sizes = ["--max-tokens", str(GATE_MAX_TOKENS), "--top-n", str(GATE_TOP_N),
              "--needle-words", str(GATE_NEEDLE_WORDS)]
-    quality = {}
-    quality["margin-record"] = tool(out, "q-margin-record", "quality.py", "record", "--url",
-                                    url["undrafted"], *sizes)
-    ref = str(out / "q-margin-record.json")
-    quality["margin-band"] = tool(out, "q-margin-band", "quality.py", "aa", "--reference", ref,
-                                  "--url", url["drafted"])
-    quality["margin-gate-defaults"] = tool(
-        out, "q-margin-gate-defaults", "quality.py", "gate", "--reference", ref, "--band",
-        str(out / "q-margin-band.json"), "--url", url["defaults"])
-    quality["tiny-record"] = tool(out, "q-tiny-record", "quality.py", "record", "--url",
-                                  url["gate-a"], *sizes)
-    ref = str(out / "q-tiny-record.json")
+    quality: dict = {}
+    doc["quality"] = quality
+    if all(name in url for name in ("undrafted", "drafted", "defaults")):
+        ref, band = str(out / "q-margin-record.json"), str(out / "q-margin-band.json")
+        quality["margin-record"] = tool(out, "q-margin-record", "quality.py", "record", "--url",
+                                        url["undrafted"], *sizes)
+        quality["margin-band"] = tool(out, "q-margin-band", "quality.py", "aa", "--reference",
+                                      ref, "--url", url["drafted"])
+        gate = quality["margin-gate-defaults"] = tool(
+            out, "q-margin-gate-defaults", "quality.py", "gate", "--reference", ref, "--band",
+            band, "--url", url["defaults"])
+        check(results, "quality gate: defaults against undrafted (band: drafted, levers off) "
+                       "passes", gate["exit"] == 0, overall=(gate["doc"] or {}).get("overall"))
+    if not all(name in url for name in ("gate-a", "gate-b", "gate-int8")):
+        check(results, "quality gate on the tiny target", False, reason="a server did not boot")
+        return
+    ref, band = str(out / "q-tiny-record.json"), str(out / "q-tiny-band.json")
+    record = quality["tiny-record"] = tool(out, "q-tiny-record", "quality.py", "record", "--url",
+                                           url["gate-a"], *sizes)
     quality["tiny-band"] = tool(out, "q-tiny-band", "quality.py", "aa", "--reference", ref,
                                 "--url", url["gate-b"])
-    band = str(out / "q-tiny-band.json")
-    quality["tiny-gate-b"] = tool(out, "q-tiny-gate-b", "quality.py", "gate", "--reference", ref,
-                                  "--band", band, "--url", url["gate-b"])
-    quality["tiny-gate-int8"] = tool(out, "q-tiny-gate-int8", "quality.py", "gate",
-                                     "--reference", ref, "--band", band, "--url",
-                                     url["gate-int8"])
-    doc["quality"] = {k: {"exit": v["exit"], "overall": (v["doc"] or {}).get("overall"),
-                          "passed": (v["doc"] or {}).get("passed"), "tail": v["tail"][-600:]}
-                      for k, v in quality.items()}
-    gate = quality["margin-gate-defaults"]
-    check(results, "quality gate: defaults against undrafted (band: drafted, levers off) passes",
-          gate["exit"] == 0, overall=(gate["doc"] or {}).get("overall"))
-    gate = quality["tiny-gate-b"]
+    gate = quality["tiny-gate-b"] = tool(out, "q-tiny-gate-b", "quality.py", "gate",
+                                         "--reference", ref, "--band", band, "--url",
+                                         url["gate-b"])
     check(results, "quality gate: a second boot of the tiny target passes", gate["exit"] == 0,
           overall=(gate["doc"] or {}).get("overall"))
-    gate = quality["tiny-gate-int8"]
-    measured = (gate["doc"] or {}).get("overall", {})
-    record = quality["tiny-record"]["doc"]
-    if record is None or gate["doc"] is None:
+    gate = quality["tiny-gate-int8"] = tool(out, "q-tiny-gate-int8", "quality.py", "gate",
+                                            "--reference", ref, "--band", band, "--url",
+                                            url["gate-int8"])
+    if record["doc"] is None or gate["doc"] is None:
         check(results, "quality gate: INT8 groups give the float64-predicted KL", False,
               reason="no record or gate document")
         return
-    predicted = float64_prediction(payload, record, out)
+    measured = gate["doc"].get("overall", {})
+    predicted = float64_prediction(payload, record["doc"], out)
     coarse = [kl for p in predicted["per_prompt"] for kl in p["coarse"]]
     full = [kl for p in predicted["per_prompt"] for kl in p["full"]]
     mean_pred = sum(coarse) / len(coarse)
@@ -383,12 +424,9 @@ def gate_quality(doc: dict, results: list, url: dict, payload: Path, out: Path) 
     check(results, "quality gate: INT8 target groups fail beyond the A/A band, with the mean KL "
                    "a float64 computation from both models' weights predicts",
           gate["exit"] == 1 and abs(ratio - 1) <= INT8_KL_TOLERANCE,
-          measured=measured, predicted_kl_mean=mean_pred, predicted_full_kl_mean=sum(full)
-          / len(full), measured_over_predicted=ratio, tolerance=INT8_KL_TOLERANCE)
-
-
-def _stopped(signum, _frame):
-    raise SystemExit(f"stopped by signal {signum}")
+          measured=measured, predicted_kl_mean=mean_pred,
+          predicted_full_kl_mean=sum(full) / len(full), measured_over_predicted=ratio,
+          tolerance=INT8_KL_TOLERANCE)
 
 
 def main(payload: str, out: str) -> int:
@@ -398,7 +436,8 @@ def main(payload: str, out: str) -> int:
     try:
         run(doc, Path(payload), Path(out))
     except BaseException as error:
-        doc["error"] = "".join(traceback.format_exception(error))[-3000:]
+        text = "".join(traceback.format_exception(error))
+        doc["error"] = text if len(text) < 4000 else f"{text[:2000]}\n...\n{text[-2000:]}"
         doc["passed"] = False
     finally:
         (Path(out) / "engine.json").write_text(json.dumps(doc, indent=1))

@@ -52,7 +52,11 @@ def main(out_path: str) -> int:
                 "has_deep_gemm (find_spec only)": has_deep_gemm(),
                 "has_tilelang": has_tilelang()})
     doc["libraries"] = {name: attempt(module) for name, module in LIBRARIES.items()}
-    doc["glm5next_model_imports"] = attempt("vllm.models.glm5next.nvidia.model")
+    # the MoE layer package first, as the model registry imports them (the model module
+    # imported alone meets a circular import)
+    fused_moe = attempt("vllm.model_executor.layers.fused_moe")
+    doc["glm5next_model_imports"] = attempt("vllm.models.glm5next.nvidia.model") \
+        if fused_moe["loads"] else fused_moe
     Path(out_path).write_text(json.dumps(doc, indent=1))
     print(json.dumps(doc, indent=1))
     return 0

@@ -303,7 +303,8 @@ def main(out_path: str) -> int:
     try:
         run(doc)
     except BaseException as error:
-        doc["error"] = "".join(traceback.format_exception(error))[-3000:]
+        text = "".join(traceback.format_exception(error))
+        doc["error"] = text if len(text) < 4000 else f"{text[:2000]}\n...\n{text[-2000:]}"
         doc["passed"] = False
     finally:
         Path(out_path).write_text(json.dumps(doc, indent=1))

@@ -12,7 +12,7 @@ the machine is still warm:
   libraries) with layers v9 (provided by the release), v10, v11, v13 and v13_weights applied
   here by this repository's own tool; the Glm5Next kernel libraries (FlashMLA, DeepSelect,
   FlashKDA, DeepGEMM), which the part's probe tries to load; the wheels of
-  requirements/gpu-tier.txt (hash-checked); the models (tests/gpu/models.py); the launcher's
+  tests/gpu/requirements.txt (hash-checked); the models (tests/gpu/models.py); the launcher's
   rank-0 argv and environment from `DRY_RUN=1 ./run.sh`.
 - part `b`: `_C_stable_libtorch.abi3.so` (Marlin, the model's custom ops) and FlashAttention
   3, xz-compressed.
@@ -43,7 +43,7 @@ if str(REPO_ROOT) not in sys.path:
 
 VERSION = "0.30.0"
 LAYERS = ("v9", "v10", "v11", "v13", "v13_weights")
-LOCK = REPO_ROOT / "requirements" / "gpu-tier.txt"
+LOCK = Path(__file__).with_name("requirements.txt")
 CALL_LIMIT = 64 << 20  # what one call of the device tool carries, the repository included
 PART_A_SO = ("vllm/_flashmla_C.abi3.so", "vllm/_flashmla_extension_C.abi3.so",
              "vllm/_deepselect_C.abi3.so", "vllm/_flashkda_C.abi3.so",
