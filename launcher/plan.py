@@ -1,6 +1,6 @@
 """The commands a run is made of, as data: each rank's container (mounts, environment,
 `vllm serve` argv), the one-off tool containers, and the probes. Built from checked
-settings; DRY_RUN prints them (launcher/dry_run.py) and serving runs them
+settings; DRY_RUN prints them as steps (launcher/steps.py) and serving runs them
 (launcher/serve.py).
 
 Order follows the seed's command; recipe.toml says which knob drives which flag and

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from launcher import dry_run, memguard, pins, plan, preflight
+from launcher import memguard, pins, plan, preflight, steps
 from launcher.checks import Checked
 from launcher.remote import Nodes
 from launcher.settings import Failed, refusal
@@ -57,8 +57,8 @@ def stop_all_ranks(nodes: Nodes) -> int:
 def stop(checked: Checked) -> int:
     nodes = nodes_of(checked)
     if checked["DRY_RUN"] == "1":
-        steps = dry_run.stop_steps(nodes, "remove the serve containers listed on each node")
-        sys.stdout.write(dry_run.render(nodes, steps))
+        removal = steps.stop_steps(nodes, "remove the serve containers listed on each node")
+        sys.stdout.write(steps.render(nodes, removal))
         return 0
     failures = stop_all_ranks(nodes)
     if failures:
@@ -71,8 +71,8 @@ def run(checked: Checked, root: Path) -> int:
     nodes = nodes_of(checked)
     if checked["DRY_RUN"] == "1":
         launch = plan.settle(checked, nodes)
-        steps = dry_run.run_steps(launch, root, checked.drafter.phrase)
-        sys.stdout.write(dry_run.render(nodes, steps))
+        run_steps = steps.run_steps(launch, root, checked.drafter.phrase)
+        sys.stdout.write(steps.render(nodes, run_steps))
         return 0
     return Serving(checked, nodes, root).serve()
 

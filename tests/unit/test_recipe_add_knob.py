@@ -6,7 +6,7 @@ import tomllib
 
 import pytest
 
-from launcher import cli, dry_run, plan, recipe, render, serve
+from launcher import cli, plan, recipe, render, serve, steps
 from launcher.settings import Refused
 from tests.unit.launcher_fixtures import PINNED, fixture, normalised
 from tests.unit.test_launcher_support import REPO, launcher_env, sealed_bin
@@ -32,8 +32,8 @@ def dry_run_text(tmp_path, the_recipe, **settings):
     env = launcher_env(tmp_path, **settings)
     checked = cli.load(env, the_recipe=the_recipe)
     launch = plan.settle(checked, serve.nodes_of(checked))
-    steps = dry_run.run_steps(launch, REPO, checked.drafter.phrase)
-    return launch, normalised(dry_run.render(launch.nodes, steps), tmp_path)
+    run_steps = steps.run_steps(launch, REPO, checked.drafter.phrase)
+    return launch, normalised(steps.render(launch.nodes, run_steps), tmp_path)
 
 
 @pytest.fixture(autouse=True)

@@ -1,6 +1,8 @@
-"""DRY_RUN: the plan of a run as steps, each a comment and the commands it runs, printed one
-command a line (a worker's as the ssh line that runs it), in run order. The steps that run
-only under a condition (building, streaming, resolving a pin) follow a comment saying when.
+"""A run's steps, in run order: each a comment and the commands it runs (the running check,
+the images, the pins and the drafter, the ranks, the memory guard, the readiness wait), and
+their rendering one command a line (a worker's as the ssh line that runs it), which is what
+DRY_RUN=1 prints. The steps that run only under a condition (building, streaming,
+resolving a pin) follow a comment saying when.
 """
 
 from __future__ import annotations
