@@ -12,7 +12,7 @@ import pytest
 
 from launcher import cli, plan, recipe, serve
 from launcher.settings import Refused
-from tests.unit.test_launcher_support import launcher_env, run
+from tests.unit.test_launcher_support import REPO, launcher_env, run
 
 INT = "accepted: an integer"
 K_WHY = "DFlash2 drafts at most block size 8 - 1 tokens; accepted: an integer 1..7"
@@ -282,7 +282,7 @@ def core_refusal(tmp_path, **settings):
     """The refusal the Python core raises for SETTINGS (None when it accepts them)."""
     try:
         checked = cli.load(launcher_env(tmp_path, **settings))
-        plan.settle(checked, serve.nodes_of(checked))
+        plan.build(checked, serve.nodes_of(checked), REPO)
     except Refused as refused:
         return refused.line
     return None
