@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from launcher.recipe import Recipe
+from recipekit.recipe import Recipe
 
 _BLANK_OR_COMMENT = re.compile(r"[ \t\n\r\f\v]*(#|$)")
 _SETTING_LINE = re.compile(r"[ \t\n\r\f\v]*([A-Z_][A-Z0-9_]*)=(.*)", re.DOTALL)

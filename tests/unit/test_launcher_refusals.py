@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher import cli, plan, recipe, serve
+from launcher import cli, plan, serve
 from launcher.settings import Refused
+from recipekit import recipe
 from tests.unit.test_launcher_support import REPO, launcher_env, run
 
 INT = "accepted: an integer"

@@ -6,8 +6,9 @@ import tomllib
 
 import pytest
 
-from launcher import cli, plan, recipe, render, serve, steps
+from launcher import cli, plan, render, serve, steps
 from launcher.settings import Refused
+from recipekit import recipe
 from tests.unit.launcher_fixtures import PINNED, fixture, normalised
 from tests.unit.test_launcher_support import REPO, launcher_env, sealed_bin
 

@@ -4,7 +4,8 @@ knob declares shows up on some rank."""
 
 import pytest
 
-from launcher import cli, plan, recipe, serve
+from launcher import cli, plan, serve
+from recipekit import recipe
 from tests.unit.test_launcher_support import REPO, launcher_env
 
 SETTINGS = [

@@ -1,4 +1,5 @@
 """recipe.toml read into typed knobs, profiles, pins and fixed parts; nothing else reads it.
+The launcher and the image build (recipekit.imagebuild) both read it through here.
 
 A malformed recipe is a bug of this repository, not a user's setting: it raises
 RecipeError naming the knob and the field.
@@ -26,7 +27,7 @@ _KNOB_FIELDS = {
 
 
 class RecipeError(Exception):
-    """recipe.toml does not say what the launcher needs (a repository bug)."""
+    """recipe.toml does not say what the launcher or the build needs (a repository bug)."""
 
 
 @dataclass(frozen=True)
