@@ -16,8 +16,8 @@ from pathlib import Path
 from launcher import words as shell_words
 from launcher.drafter import Drafter, describe
 from launcher.generation import merged_json
-from launcher.recipe import Knob, Recipe
 from launcher.settings import expand_path, profile_default, refusal, unset_refusal
+from recipekit.recipe import Knob, Recipe
 
 _INTEGER = re.compile(r"0|[1-9][0-9]{0,17}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")

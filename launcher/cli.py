@@ -10,8 +10,9 @@ import os
 import sys
 from pathlib import Path
 
-from launcher import checks, recipe
+from launcher import checks
 from launcher.settings import Failed, Refused, resolve
+from recipekit import recipe
 
 ROOT = Path(__file__).resolve().parent.parent
 # What stop.sh needs of the settings.

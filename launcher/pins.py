@@ -10,10 +10,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from launcher.settings import refusal
+from launcher.settings import content_lines, refusal
 
 _PIN_LINE = re.compile(r"([^ \t\n\r\f\v]+)[ \t\n\r\f\v]+([0-9a-f]{40})")
-_BLANK_OR_COMMENT = re.compile(r"[ \t\n\r\f\v]*(#|$)")
 HEX40 = re.compile(r"[0-9a-f]{40}")
 
 
@@ -23,12 +22,7 @@ def recorded(pins_file: str, repo: str) -> str:
     if not path.is_file():
         return ""
     found = ""
-    lines = path.read_text().split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    for number, line in enumerate(lines, start=1):
-        if _BLANK_OR_COMMENT.match(line):
-            continue
+    for number, line in content_lines(path):
         match = _PIN_LINE.fullmatch(line)
         if not match:
             raise refusal("PINS_FILE", pins_file, f"line {number} reads '{line}'; accepted: "

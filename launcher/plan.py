@@ -1,7 +1,7 @@
-"""The commands a run is made of, as data: each rank's container (mounts, environment,
-`vllm serve` argv), the one-off tool containers, and the probes. Built from checked
-settings; DRY_RUN prints them (launcher/dry_run.py) and serving runs them
-(launcher/serve.py).
+"""A run as data, built once from its checked settings: the pins, each rank's container
+(mounts, environment, `vllm serve` argv), the one-off tool containers, the image build and
+the probes. The steps arrange it in run order (launcher/steps.py; DRY_RUN prints them) and
+serving carries it out (launcher/serve.py); neither calls back here with the settings.
 
 Order follows the seed's command; recipe.toml says which knob drives which flag and
 variable. A knob this module does not build (not in BUILT_HERE) is passed as is: its one
@@ -12,6 +12,7 @@ every rank (a flag-typed knob: the flag alone, or NAME=1, when 1; nothing when 0
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,7 +86,7 @@ class RankPlan:
         return argv + ["--entrypoint", "vllm", self.image, *self.serve]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Launch:
     """A run's settings with its pins settled and, once known, the image ID."""
     checked: Checked
@@ -126,33 +127,70 @@ class Launch:
 
     @property
     def jit_dir(self) -> str:
-        """This run's JIT cache on every node: JIT_CACHE keyed by the image ID, so a new
-        image starts a new directory and an old one is never fed kernels it did not build."""
-        return f"{self['JIT_CACHE']}/{self.image_id.removeprefix('sha256:')}"
+        return jit_cache_dir(self["JIT_CACHE"], self.image_id)
 
 
-def settle(checked: Checked, nodes: Nodes, resolve=None) -> Launch:
-    """The launch with its model and drafter pins; RESOLVE(repo) asks the Hub for what is not
-    pinned yet (serving), otherwise an unknown pin stays the DRY_RUN placeholder."""
+def jit_cache_dir(jit_cache: str, image_id: str) -> str:
+    """A run's JIT cache on every node: JIT_CACHE keyed by the image ID, so a new image
+    starts a new directory and an old one is never fed kernels it did not build."""
+    return f"{jit_cache}/{image_id.removeprefix('sha256:')}"
+
+
+def settle(checked: Checked, nodes: Nodes, resolved: Mapping[str, str] | None = None,
+           image_id: str = IMAGE_ID_UNKNOWN) -> Launch:
+    """The launch with its model and drafter pins: the knob's, the known pin or PINS_FILE's,
+    else what this run RESOLVED (repo -> commit), else the DRY_RUN placeholder."""
+    resolved = resolved or {}
     model_pin, drafter_pin = "", ""
     if not checked["MODEL"].startswith("/"):
         known = checked.recipe.pins.get(checked["MODEL"], ("", ""))[0]
-        model_pin = pins.known(checked["PINS_FILE"], checked["MODEL"], checked["MODEL_REVISION"],
-                               known)
-        if not model_pin and resolve:
-            model_pin = resolve(checked["MODEL"])
-        model_pin = model_pin or UNPINNED
+        model_pin = (pins.known(checked["PINS_FILE"], checked["MODEL"], checked["MODEL_REVISION"],
+                                known) or resolved.get(checked["MODEL"]) or UNPINNED)
     drafter = checked.drafter
     if checked["SPEC"] == "dflash2":
         if drafter.local:
             drafter_pin = "local"
         else:
-            drafter_pin = pins.known(checked["PINS_FILE"], drafter.repo_id,
-                                     checked["DRAFTER_REVISION"], drafter.catalog_revision)
-            if not drafter_pin and resolve:
-                drafter_pin = resolve(drafter.repo_id)
-            drafter_pin = drafter_pin or UNPINNED
-    return Launch(checked, nodes, model_pin, drafter_pin)
+            drafter_pin = (pins.known(checked["PINS_FILE"], drafter.repo_id,
+                                      checked["DRAFTER_REVISION"], drafter.catalog_revision)
+                           or resolved.get(drafter.repo_id) or UNPINNED)
+    return Launch(checked, nodes, model_pin, drafter_pin, image_id)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every command of one run that its settings decide, built once (serving builds it again
+    when the run has found the image ID and resolved the pins)."""
+    launch: Launch
+    root: Path  # the checkout run.sh runs from: scripts/build.sh, launcher/count_bytes.py
+    # With the drafter phrase DRY_RUN knows (the catalog's); a real run prints prepare-drafter's.
+    startup_line: str
+    chain_image: str
+    build: list[str]
+    # repo -> the Hub look-up of its commit, for each pin not known yet, the model first.
+    resolve: dict[str, list[str]]
+    fetch_snapshot: list[str]
+    prepare_drafter: list[str]
+    ranks: list[RankPlan]
+
+
+def build(checked: Checked, nodes: Nodes, root: Path, resolved: Mapping[str, str] | None = None,
+          image_id: str = IMAGE_ID_UNKNOWN) -> Plan:
+    """The run's plan; RESOLVED and IMAGE_ID are what a real run found out (DRY_RUN: none)."""
+    launch = settle(checked, nodes, resolved, image_id)
+    drafter = checked.drafter
+    repos = [(launch.model_pin, launch["MODEL"]), (launch.drafter_pin, drafter.repo_id)]
+    hub_drafter = launch.dflash2 and not drafter.local
+    return Plan(
+        launch=launch, root=root,
+        startup_line=startup_line(launch, drafter.phrase),
+        chain_image=chain_image(launch),
+        build=build_argv(root, launch),
+        resolve={repo: resolve_revision_argv(launch, repo) for pin, repo in repos
+                 if pin == UNPINNED},
+        fetch_snapshot=fetch_snapshot_argv(launch) if hub_drafter else [],
+        prepare_drafter=prepare_drafter_argv(launch) if launch.dflash2 else [],
+        ranks=rank_plans(launch))
 
 
 # ----------------------------------------------------------------------------- speculation

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from launcher.recipe import Knob, Recipe
+from recipekit.recipe import Knob, Recipe
 
 EMPTY = "—"
 # file -> the regions rendered into it

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from launcher import dry_run, memguard, pins, plan, preflight
+from launcher import memguard, pins, plan, preflight, steps
 from launcher.checks import Checked
 from launcher.remote import Nodes
 from launcher.settings import Failed, refusal
@@ -57,8 +57,8 @@ def stop_all_ranks(nodes: Nodes) -> int:
 def stop(checked: Checked) -> int:
     nodes = nodes_of(checked)
     if checked["DRY_RUN"] == "1":
-        steps = dry_run.stop_steps(nodes, "remove the serve containers listed on each node")
-        sys.stdout.write(dry_run.render(nodes, steps))
+        removal = steps.stop_steps(nodes, "remove the serve containers listed on each node")
+        sys.stdout.write(steps.render(nodes, removal))
         return 0
     failures = stop_all_ranks(nodes)
     if failures:
@@ -69,12 +69,11 @@ def stop(checked: Checked) -> int:
 
 def run(checked: Checked, root: Path) -> int:
     nodes = nodes_of(checked)
+    the_plan = plan.build(checked, nodes, root)
     if checked["DRY_RUN"] == "1":
-        launch = plan.settle(checked, nodes)
-        steps = dry_run.run_steps(launch, root, checked.drafter.phrase)
-        sys.stdout.write(dry_run.render(nodes, steps))
+        sys.stdout.write(steps.render(nodes, steps.run_steps(the_plan)))
         return 0
-    return Serving(checked, nodes, root).serve()
+    return Serving(the_plan).serve()
 
 
 def _interrupted(signum, frame):
@@ -82,10 +81,11 @@ def _interrupted(signum, frame):
 
 
 class Serving:
-    def __init__(self, checked: Checked, nodes: Nodes, root: Path):
-        self.checked, self.nodes, self.root = checked, nodes, root
-        # Pins are settled once the images are there (resolving one runs in the image).
-        self.launch = plan.Launch(checked, nodes, model_pin="", drafter_pin="")
+    def __init__(self, the_plan: plan.Plan):
+        # Built again once the image ID is known and the pins are resolved (in the image).
+        self.plan = the_plan
+        self.checked, self.nodes = the_plan.launch.checked, the_plan.launch.nodes
+        self.root = the_plan.root
         self.ranks_started = False
         self.ready = False
         self.guard: memguard.MemoryGuard | None = None
@@ -102,13 +102,13 @@ class Serving:
         self.check_no_running_ranks()
         self.prepare_nodes()
         self.check_boot_memory()
-        self.ensure_images()
-        self.prepare_jit_cache()
-        image_id = self.launch.image_id
-        self.launch = plan.settle(self.checked, self.nodes, resolve=self.resolve_and_record)
-        self.launch.image_id = image_id
+        image_id = self.ensure_images()
+        self.prepare_jit_cache(image_id)
+        resolved = {repo: self.resolve_and_record(repo, argv)
+                    for repo, argv in self.plan.resolve.items()}
+        self.plan = plan.build(self.checked, self.nodes, self.root, resolved, image_id)
         phrase = self.prepare_drafter_everywhere()
-        say(plan.startup_line(self.launch, phrase))
+        say(plan.startup_line(self.plan.launch, phrase))
         signal.signal(signal.SIGTERM, _interrupted)
         try:
             self.start_ranks()
@@ -184,7 +184,7 @@ class Serving:
 
     def build_chain_on_head(self) -> None:
         image, base = self["IMAGE"], self["BASE_IMAGE"]
-        chain = plan.chain_image(self.launch)
+        chain = self.plan.chain_image
         if image != chain:
             raise refusal("IMAGE", image, f"not on the head, and scripts/build.sh builds {chain} "
                           f"only; accepted: an image present on the head, or {chain}")
@@ -194,7 +194,7 @@ class Serving:
                           "docker pull or docker load it (the vendor image the chain starts "
                           f"from is {vendor}), or set BASE_IMAGE to a base you have (passed to "
                           "scripts/build.sh --base)")
-        build = plan.build_argv(self.root, self.launch)
+        build = self.plan.build
         if not os.access(build[0], os.X_OK):
             raise Failed(f"{image} is missing and {build[0]} is not there to build it")
         say(f"{image} is not on the head: building the image chain from {base}")
@@ -217,9 +217,9 @@ class Serving:
         if any(process.wait() != 0 for process in (load, count, save)):
             raise Failed(f"streaming {image} to {node} failed; nothing was started")
 
-    def ensure_images(self) -> None:
-        """IMAGE on every node with the head's ID: built on the head when missing, streamed
-        from the head to a worker that lacks it."""
+    def ensure_images(self) -> str:
+        """IMAGE on every node with the head's ID, which it returns: built on the head when
+        missing, streamed from the head to a worker that lacks it."""
         image = self["IMAGE"]
         head_id = self.image_id_on(0, image)
         if not head_id:
@@ -239,23 +239,23 @@ class Serving:
                 raise refusal("IMAGE", image, f"on {node} it is {found}, on the head {head_id}; "
                               f"accepted: one image ID on every node (docker rmi it on {node} "
                               "and rerun to stream the head's)")
-        self.launch.image_id = head_id
+        return head_id
 
-    def prepare_jit_cache(self) -> None:
+    def prepare_jit_cache(self, image_id: str) -> None:
         """This image's JIT cache directory on every node; stop.sh leaves it, so the next
         boot of the same image skips the kernel builds."""
         if not self["JIT_CACHE"]:
             return
-        folder = self.launch.jit_dir
+        folder = plan.jit_cache_dir(self["JIT_CACHE"], image_id)
         for index, node in enumerate(self.nodes.addresses):
             if self.nodes.run(index, ["mkdir", "-p", folder]).returncode != 0:
                 raise Failed(f"cannot create the JIT cache {folder} on {node}")
         say(f"JIT cache: {folder} on every node")
 
-    def resolve_and_record(self, repo: str) -> str:
-        """REPO's current commit, asked of the Hub from the serving image on the head, and
-        recorded in PINS_FILE."""
-        asked = self.nodes.run(0, plan.resolve_revision_argv(self.launch, repo), capture=True)
+    def resolve_and_record(self, repo: str, look_up: list[str]) -> str:
+        """REPO's current commit, asked of the Hub by LOOK_UP (in the serving image on the
+        head), and recorded in PINS_FILE."""
+        asked = self.nodes.run(0, look_up, capture=True)
         if asked.returncode != 0:
             raise Failed(f"could not resolve the revision of {repo} (is the Hub reachable and "
                          "HF_TOKEN_FILE set for gated repos?)")
@@ -270,7 +270,7 @@ class Serving:
     def prepare_drafter_everywhere(self) -> str:
         """Fetches the pinned drafter on every node and derives the directory vLLM loads; the
         head's prepare-drafter summary gives the start-up phrase (licence, window)."""
-        launch, drafter = self.launch, self.checked.drafter
+        launch, drafter = self.plan.launch, self.checked.drafter
         phrase = drafter.phrase
         if not launch.dflash2:
             return phrase
@@ -278,12 +278,12 @@ class Serving:
             where = self.nodes.label(index)
             if not drafter.local:
                 say(f"fetching {drafter.repo_id}@{launch.drafter_pin} on {where}")
-                fetched = self.nodes.run(index, plan.fetch_snapshot_argv(launch), capture=True)
+                fetched = self.nodes.run(index, self.plan.fetch_snapshot, capture=True)
                 if fetched.returncode != 0:
                     raise Failed(f"fetching {drafter.repo_id}@{launch.drafter_pin} failed on "
                                  f"{where}")
             say(f"preparing the drafter on {where}")
-            prepared = self.nodes.run(index, plan.prepare_drafter_argv(launch), capture=True)
+            prepared = self.nodes.run(index, self.plan.prepare_drafter, capture=True)
             if prepared.returncode != 0:
                 raise Failed(f"prepare-drafter refused {launch.draft_snapshot} on {where}")
             if index == 0:
@@ -298,7 +298,7 @@ class Serving:
 
     def start_ranks(self) -> None:
         self.ranks_started = True
-        for rank in plan.rank_plans(self.launch):
+        for rank in self.plan.ranks:
             say(f"starting rank {rank.rank} on {self.nodes.label(rank.rank)}")
             if self.nodes.run(rank.rank, rank.docker_argv(), capture=True).returncode != 0:
                 raise Failed(f"docker run failed for rank {rank.rank} on {rank.node}")

@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from launcher.recipe import Recipe
+from recipekit.recipe import Recipe
 
 _BLANK_OR_COMMENT = re.compile(r"[ \t\n\r\f\v]*(#|$)")
 _SETTING_LINE = re.compile(r"[ \t\n\r\f\v]*([A-Z_][A-Z0-9_]*)=(.*)", re.DOTALL)
@@ -38,14 +38,20 @@ def unset_refusal(name: str, why: str) -> Refused:
     return Refused(f"refused: {name} is unset: {why}")
 
 
-def setting_lines(path: Path):
-    """(name, value) of every NAME=VALUE line of a settings file, in order."""
+def content_lines(path: Path):
+    """(number, line) of every line of a line-per-entry file (cluster.env, PINS_FILE) that is
+    neither blank nor a # comment, in order; a final newline starts no line of its own."""
     lines = path.read_text().split("\n")
     if lines and lines[-1] == "":
         lines.pop()
     for number, line in enumerate(lines, start=1):
-        if _BLANK_OR_COMMENT.match(line):
-            continue
+        if not _BLANK_OR_COMMENT.match(line):
+            yield number, line
+
+
+def setting_lines(path: Path):
+    """(name, value) of every NAME=VALUE line of a settings file, in order."""
+    for number, line in content_lines(path):
         match = _SETTING_LINE.fullmatch(line)
         if not match:
             raise Refused(f"refused: {path} line {number}: {line}: accepted: NAME=VALUE lines "

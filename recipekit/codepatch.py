@@ -9,6 +9,8 @@ and applied means a partly patched tree, which is refused rather than completed.
 
 from __future__ import annotations
 
+import ast
+from collections.abc import Callable
 from pathlib import Path
 
 import libcst as cst
@@ -88,6 +90,33 @@ def ensure_base(cls: cst.ClassDef, base: str, log: StepLog, step: str) -> cst.Cl
         bases[-1] = bases[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
     bases.append(cst.Arg(value=cst.Name(base)))
     return cls.with_changes(bases=bases)
+
+
+def ensure_decorator(func: cst.FunctionDef, decorator: str, log: StepLog) -> cst.FunctionDef:
+    """``func`` with ``@decorator`` (appended last)."""
+    present = any(dotted(d.decorator) == decorator for d in func.decorators)
+    log.record(f"{func.name.value} is decorated with {decorator}", present)
+    if present:
+        return func
+    return func.with_changes(decorators=[*func.decorators, cst.Decorator(decorator=cst.Name(decorator))])
+
+
+def decorator_gaps(view: TreeView, target: str, helper: str,
+                   wanted: Callable[[str], dict[str, str]]) -> list[str]:
+    """What a patch made of decorators on TARGET's top-level functions, and of a HELPER module,
+    lacks in VIEW: TARGET itself, each function WANTED(TARGET's source) maps to a decorator
+    that it does not carry, then HELPER."""
+    source = view.read_text(target)
+    if source is None:
+        return [f"{target} is missing"]
+    functions = {n.name: n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)}
+    problems = [f"{target}: {name} is not decorated with {decorator}"
+                for name, decorator in wanted(source).items()
+                if name not in functions
+                or decorator not in {ast.unparse(d) for d in functions[name].decorator_list}]
+    if not view.exists(helper):
+        problems.append(f"{helper} is missing")
+    return problems
 
 
 def ensure_import_names(

@@ -150,6 +150,15 @@ def wheel_file(wheel: PinnedWheel, log=lambda message: None) -> Path:
     return directory / path.name
 
 
+def publish_tree(staged: Path, tree: Path, marker: str) -> None:
+    """Puts the finished STAGED tree in TREE's place, marked complete with MARKER (inside it
+    before the move, so a half-built tree never has the marker)."""
+    (staged / DONE_MARKER).write_text(marker)
+    if tree.exists():
+        shutil.rmtree(tree)
+    os.replace(staged, tree)
+
+
 def unpacked_tree(wheel: PinnedWheel, log=lambda message: None) -> Path:
     """The directory holding ``wheel.package/`` of the pinned wheel, fetched on first use."""
     tree = cache_root() / wheel.cache_dir / wheel.version
@@ -170,10 +179,7 @@ def unpacked_tree(wheel: PinnedWheel, log=lambda message: None) -> Path:
             count = _extract(wheel, path, staging / "tree")
             kind = "Python files" if wheel.suffixes == (".py",) else "files"
             log(f"extracted {count} {kind} of {wheel.project} {wheel.version}")
-            (staging / "tree" / DONE_MARKER).write_text(f"{wheel.version} {actual}\n")
-            if tree.exists():
-                shutil.rmtree(tree)
-            os.replace(staging / "tree", tree)
+            publish_tree(staging / "tree", tree, f"{wheel.version} {actual}\n")
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return tree

@@ -8,7 +8,6 @@ sha256 is checked against the pin before anything is extracted. The fetching its
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from recipekit.pinned_wheels import (
     SourceError,
     cache_root,
     exclusive,
+    publish_tree,
     unpacked_tree,
 )
 
@@ -68,10 +68,7 @@ def fork_tree(log=lambda message: None) -> Path:
                 )
             except forkshape.ForkShapeError as error:
                 raise SourceError(f"cannot build the fork-shaped stand-in: {error}") from None
-            (staging / "tree" / DONE_MARKER).write_text(f"{FORK} {key}\n")
-            if tree.exists():
-                shutil.rmtree(tree)
-            os.replace(staging / "tree", tree)
+            publish_tree(staging / "tree", tree, f"{FORK} {key}\n")
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         for older in tree.parent.glob(f"{FORK}-*"):

@@ -193,51 +193,53 @@ def bytes_per_block_with_draft(fn: Callable) -> Callable:
     return wrapper
 
 
-def kv_cache_config_with_draft(fn: Callable) -> Callable:
+def _planned_with_draft(plan: Callable) -> Callable:
+    """A seam decorator for a planner of ``kv_cache_groups``: without a drafter group the
+    planner runs as it is; with one, PLAN(fn, bound, groups, target_bytes) plans it, BOUND
+    being the planner's arguments with the drafter's groups taken out."""
+
+    @functools.wraps(plan)
+    def decorator(fn: Callable) -> Callable:
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            bound = signature.bind(*args, **kwargs)
+            groups = bound.arguments["kv_cache_groups"]
+            layout = _drafter_layout(fn, groups)
+            if layout is None:
+                return fn(*args, **kwargs)
+            bound.arguments["kv_cache_groups"] = without_draft_groups(groups)
+            return plan(fn, bound, groups, _pool_bytes(layout))
+
+        return wrapper
+
+    return decorator
+
+
+@_planned_with_draft
+def kv_cache_config_with_draft(fn: Callable, bound: inspect.BoundArguments,
+                               groups: Sequence[KVCacheGroupSpec], target_bytes: int):
     """For ``get_kv_cache_config_from_groups(vllm_config, kv_cache_groups, available_memory)``:
     the base plans the target for as many blocks as target and drafter fit together,
     then the drafter's tensors follow the target's."""
-    signature = inspect.signature(fn)
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        bound = signature.bind(*args, **kwargs)
-        groups = bound.arguments["kv_cache_groups"]
-        layout = _drafter_layout(fn, groups)
-        if layout is None:
-            return fn(*args, **kwargs)
-        target_bytes = _pool_bytes(layout)
-        num_blocks = bound.arguments["available_memory"] // (target_bytes + draft_bytes_per_block(groups))
-        bound.arguments["kv_cache_groups"] = without_draft_groups(groups)
-        bound.arguments["available_memory"] = num_blocks * target_bytes
-        config = fn(*bound.args, **bound.kwargs)
-        target_size = target_bytes * config.num_blocks
-        size = (target_bytes + draft_bytes_per_block(groups)) * config.num_blocks
-        tensors = list(config.kv_cache_tensors)
-        if tensor_form() == "layers":  # one shared allocation: it grows by the drafter's region
-            tensors = [replace(t, size=size) if t.size == target_size else t for t in tensors]
-        tensors += draft_kv_cache_tensors(groups, config.num_blocks, size, target_size)
-        return replace(config, kv_cache_tensors=tensors, kv_cache_groups=groups)
-
-    return wrapper
+    num_blocks = bound.arguments["available_memory"] // (target_bytes + draft_bytes_per_block(groups))
+    bound.arguments["available_memory"] = num_blocks * target_bytes
+    config = fn(*bound.args, **bound.kwargs)
+    target_size = target_bytes * config.num_blocks
+    size = (target_bytes + draft_bytes_per_block(groups)) * config.num_blocks
+    tensors = list(config.kv_cache_tensors)
+    if tensor_form() == "layers":  # one shared allocation: it grows by the drafter's region
+        tensors = [replace(t, size=size) if t.size == target_size else t for t in tensors]
+    tensors += draft_kv_cache_tensors(groups, config.num_blocks, size, target_size)
+    return replace(config, kv_cache_tensors=tensors, kv_cache_groups=groups)
 
 
-def max_memory_with_draft(fn: Callable) -> Callable:
+@_planned_with_draft
+def max_memory_with_draft(fn: Callable, bound: inspect.BoundArguments,
+                          groups: Sequence[KVCacheGroupSpec], target_bytes: int):
     """For ``_max_memory_usage_bytes_from_groups(vllm_config, kv_cache_groups)``: the
     drafter's pages are added to the target's, at the pool's bytes per block."""
-    signature = inspect.signature(fn)
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        bound = signature.bind(*args, **kwargs)
-        groups = bound.arguments["kv_cache_groups"]
-        layout = _drafter_layout(fn, groups)
-        if layout is None:
-            return fn(*args, **kwargs)
-        target_bytes = _pool_bytes(layout)
-        bound.arguments["kv_cache_groups"] = without_draft_groups(groups)
-        target_pages = cdiv(fn(*bound.args, **bound.kwargs), target_bytes)
-        pages = target_pages + draft_max_pages(bound.arguments["vllm_config"], groups)
-        return pages * (target_bytes + draft_bytes_per_block(groups))
-
-    return wrapper
+    target_pages = cdiv(fn(*bound.args, **bound.kwargs), target_bytes)
+    pages = target_pages + draft_max_pages(bound.arguments["vllm_config"], groups)
+    return pages * (target_bytes + draft_bytes_per_block(groups))

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from launcher import recipe as recipe_file
+from recipekit import recipe as recipe_file
 from recipekit.imagebuild import inputs
 from recipekit.imagebuild.engine import BuildFailed, Engine
 from recipekit.imagebuild.inputs import BUILD_DIR, BuildError, Context, relative

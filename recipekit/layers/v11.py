@@ -18,7 +18,14 @@ import ast
 
 import libcst as cst
 
-from recipekit.codepatch import PATCHES_DIR, StepLog, dotted, statement
+from recipekit.codepatch import (
+    PATCHES_DIR,
+    StepLog,
+    decorator_gaps,
+    dotted,
+    ensure_decorator,
+    statement,
+)
 from recipekit.exact_patch import PatchRefused
 from recipekit.layers.glm5next import PACKAGE, Glm5NextPatchLayer
 from recipekit.tree import TreeView
@@ -74,12 +81,13 @@ def _role(name: str, readers: set[str]) -> tuple[str, tuple[str, ...]] | None:
     )
 
 
-def _ensure_decorator(func: cst.FunctionDef, decorator: str, log: StepLog) -> cst.FunctionDef:
-    present = any(dotted(d.decorator) == decorator for d in func.decorators)
-    log.record(f"{func.name.value} is decorated with {decorator}", present)
-    if present:
-        return func
-    return func.with_changes(decorators=[*func.decorators, cst.Decorator(decorator=cst.Name(decorator))])
+def _wanted_decorators(source: str) -> dict[str, str]:
+    """Every seam and layout reader of SOURCE -> the decorator v11 puts on it."""
+    wanted = {name: decorator for name, (decorator, _) in {**SEAMS, **READERS}.items()}
+    for name in _layout_readers(source):
+        if name not in wanted and "bytes_per_block" in name:
+            wanted[name] = BYTES_READER[0]
+    return wanted
 
 
 def _parameters(func: cst.FunctionDef) -> list[str]:
@@ -116,7 +124,7 @@ class Glm5NextDraftKVGroup(Glm5NextPatchLayer):
                         f"{TARGET}: {node.name.value}({', '.join(have)}) lacks "
                         f"{', '.join(p for p in wanted if p not in have)}; the base drifted"
                     )
-                body[index] = _ensure_decorator(node, decorator, log)
+                body[index] = ensure_decorator(node, decorator, log)
         return module.with_changes(body=body)
 
     def _ensure_helper_import(self, module: cst.Module, log: StepLog) -> cst.Module:
@@ -137,22 +145,7 @@ class Glm5NextDraftKVGroup(Glm5NextPatchLayer):
         raise PatchRefused(f"{TARGET}: `from vllm.v1.kv_cache_interface import ...` not found")
 
     def missing_capability(self, view: TreeView) -> list[str]:
-        source = view.read_text(TARGET)
-        if source is None:
-            return [f"{TARGET} is missing"]
-        functions = {n.name: n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)}
-        wanted = {name: decorator for name, (decorator, _) in {**SEAMS, **READERS}.items()}
-        for name in _layout_readers(source):
-            if name not in wanted and "bytes_per_block" in name:
-                wanted[name] = BYTES_READER[0]
-        problems = []
-        for name, decorator in wanted.items():
-            func = functions.get(name)
-            if func is None or decorator not in {ast.unparse(d) for d in func.decorator_list}:
-                problems.append(f"{TARGET}: {name} is not decorated with {decorator}")
-        if not view.exists(HELPER):
-            problems.append(f"{HELPER} is missing")
-        return problems
+        return decorator_gaps(view, TARGET, HELPER, _wanted_decorators)
 
     def provided_by_base(self, view: TreeView) -> str | None:
         utils = view.read_text(TARGET) or ""

@@ -17,7 +17,13 @@ import ast
 
 import libcst as cst
 
-from recipekit.codepatch import PATCHES_DIR, StepLog, dotted, statement
+from recipekit.codepatch import (
+    PATCHES_DIR,
+    StepLog,
+    decorator_gaps,
+    ensure_decorator,
+    statement,
+)
 from recipekit.exact_patch import PatchRefused
 from recipekit.layers.glm5next import PACKAGE, Glm5NextPatchLayer
 from recipekit.tree import TreeView
@@ -203,12 +209,7 @@ class WeightGroups(Glm5NextPatchLayer):
                      if isinstance(n, cst.FunctionDef) and n.name.value == SEAM), None)
         if seam is None:
             raise PatchRefused(f"{TARGET}: function {SEAM} not found; the base drifted")
-        func = body[seam]
-        decorated = any(dotted(d.decorator) == DECORATOR for d in func.decorators)
-        log.record(f"{SEAM} is decorated with {DECORATOR}", decorated)
-        if not decorated:
-            body[seam] = func.with_changes(decorators=[
-                *func.decorators, cst.Decorator(decorator=cst.Name(DECORATOR))])
+        body[seam] = ensure_decorator(body[seam], DECORATOR, log)
         if not present:
             last_import = max(i for i, n in enumerate(body[:seam])
                               if isinstance(n, cst.SimpleStatementLine)
@@ -217,17 +218,7 @@ class WeightGroups(Glm5NextPatchLayer):
         return module.with_changes(body=body)
 
     def missing_capability(self, view: TreeView) -> list[str]:
-        source = view.read_text(TARGET)
-        if source is None:
-            return [f"{TARGET} is missing"]
-        problems = []
-        funcs = {n.name: n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)}
-        seam = funcs.get(SEAM)
-        if seam is None or DECORATOR not in {ast.unparse(d) for d in seam.decorator_list}:
-            problems.append(f"{TARGET}: {SEAM} is not decorated with {DECORATOR}")
-        if not view.exists(HELPER):
-            problems.append(f"{HELPER} is missing")
-        return problems
+        return decorator_gaps(view, TARGET, HELPER, lambda source: {SEAM: DECORATOR})
 
     def provided_by_base(self, view: TreeView) -> str | None:
         return None

@@ -1,11 +1,11 @@
 """Base images pinned by image ID in recipe.toml's [pins]: what scripts/build.sh refuses and
-what --accept-base writes (launcher/recipe.py; the build's side is tests/image/test_chain.py)."""
+what --accept-base writes (recipekit/recipe.py; the build's side is tests/image/test_chain.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from launcher import recipe
+from recipekit import recipe
 
 VENDOR = "vllm/vllm-openai:glm53-flash-arm64-cu130"
 OLD = "sha256:" + "a" * 64

@@ -1,5 +1,7 @@
 """recipekit's imports run one way: primitives, then the layer runner, codepatch, the layers,
-the image build. Imports are read from the source with ast; nothing is imported."""
+the image build; and recipekit sits below its users, so none of its modules imports the
+launcher, the bench or the tests. Imports are read from the source with ast; nothing is
+imported."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ PACKAGE = REPO_ROOT / "recipekit"
 # Bottom to top; a module of one rank may import only its own rank or the ranks below it.
 # Every recipekit module not named here is a primitive (rank 0).
 RANKS = ("recipekit.layer", "recipekit.codepatch", "recipekit.layers", "recipekit.imagebuild")
+# The packages that import recipekit; an import the other way is an arrow back up.
+USERS = ("launcher", "bench", "tests")
 
 
 def module_name(path: Path) -> str:
@@ -45,6 +49,29 @@ def imports_of(module: str, source: str, known: set[str]) -> set[str]:
     return (found & known) - {"recipekit", module}
 
 
+def user_imports(source: str) -> set[str]:
+    """The modules of recipekit's USERS that SOURCE imports, statically or by a constant
+    name given to importlib.import_module or __import__."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+        elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+              and isinstance(node.args[0].value, str)
+              and (getattr(node.func, "attr", None) == "import_module"
+                   or getattr(node.func, "id", None) == "__import__")):
+            found.add(node.args[0].value)
+    return {name for name in found if name.split(".")[0] in USERS}
+
+
+def arrows_back_up(sources: dict[str, str]) -> list[str]:
+    """`MODULE imports USER_MODULE` for every import of a user package in SOURCES."""
+    return sorted(f"{module} imports {target}" for module, source in sources.items()
+                  for target in user_imports(source))
+
+
 def is_package(module: str) -> bool:
     return (REPO_ROOT / Path(*module.split(".")) / "__init__.py").is_file()
 
@@ -77,6 +104,32 @@ def recipekit_graph() -> dict[str, set[str]]:
     known = {module_name(path) for path in paths}
     return {module_name(path): imports_of(module_name(path), path.read_text(encoding="utf-8"), known)
             for path in paths}
+
+
+def recipekit_sources() -> dict[str, str]:
+    return {module_name(path): path.read_text(encoding="utf-8")
+            for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def test_no_recipekit_module_imports_its_users():
+    sources = recipekit_sources()
+    assert "recipekit.recipe" in sources and "recipekit.imagebuild.chain" in sources
+    assert arrows_back_up(sources) == []
+
+
+def test_the_check_catches_the_old_arrow_back_up():
+    """chain.py's import of the recipe reader from the launcher (before the reader moved to
+    recipekit/recipe.py) is reported, in every spelling, and so is one into bench or tests."""
+    old = {"recipekit.imagebuild.chain": "from launcher import recipe as recipe_file\n"}
+    assert arrows_back_up(old) == ["recipekit.imagebuild.chain imports launcher",
+                                   "recipekit.imagebuild.chain imports launcher.recipe"]
+    for source in ("from launcher.recipe import Recipe\n", "import launcher.recipe\n",
+                   "import importlib\nimportlib.import_module('launcher.recipe')\n",
+                   "from bench import receipts\n", "import tests.unit.test_launcher_support\n"):
+        assert arrows_back_up({"recipekit.recipe": source}), source
+    assert arrows_back_up({"recipekit.imagebuild.chain":
+                           "from recipekit import recipe as recipe_file\n"
+                           "from recipekit.recipe import Recipe\nimport testing\n"}) == []
 
 
 def test_no_recipekit_module_imports_upward():

@@ -1,7 +1,7 @@
 """The knob defaults are the seed's verified run, and its commits are pinned where the
 launcher reads them (recipe.toml and the drafter catalog)."""
 
-from launcher import recipe
+from recipekit import recipe
 
 
 def default_settings(profile="default"):

@@ -3,7 +3,7 @@ from the bash launcher for the settings it stands for (tests/unit/fixtures/dry_r
 
 import pytest
 
-from launcher import recipe
+from recipekit import recipe
 from tests.unit.launcher_fixtures import PINNED, fixture, normalised
 from tests.unit.test_launcher_support import run
 

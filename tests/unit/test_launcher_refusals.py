@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher import cli, plan, recipe, serve
+from launcher import cli, plan, serve
 from launcher.settings import Refused
-from tests.unit.test_launcher_support import launcher_env, run
+from recipekit import recipe
+from tests.unit.test_launcher_support import REPO, launcher_env, run
 
 INT = "accepted: an integer"
 K_WHY = "DFlash2 drafts at most block size 8 - 1 tokens; accepted: an integer 1..7"
@@ -282,7 +283,7 @@ def core_refusal(tmp_path, **settings):
     """The refusal the Python core raises for SETTINGS (None when it accepts them)."""
     try:
         checked = cli.load(launcher_env(tmp_path, **settings))
-        plan.settle(checked, serve.nodes_of(checked))
+        plan.build(checked, serve.nodes_of(checked), REPO)
     except Refused as refused:
         return refused.line
     return None

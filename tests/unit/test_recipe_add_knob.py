@@ -6,8 +6,9 @@ import tomllib
 
 import pytest
 
-from launcher import cli, dry_run, plan, recipe, render, serve
+from launcher import cli, plan, render, serve, steps
 from launcher.settings import Refused
+from recipekit import recipe
 from tests.unit.launcher_fixtures import PINNED, fixture, normalised
 from tests.unit.test_launcher_support import REPO, launcher_env, sealed_bin
 
@@ -31,9 +32,9 @@ def with_new_knobs():
 def dry_run_text(tmp_path, the_recipe, **settings):
     env = launcher_env(tmp_path, **settings)
     checked = cli.load(env, the_recipe=the_recipe)
-    launch = plan.settle(checked, serve.nodes_of(checked))
-    steps = dry_run.run_steps(launch, REPO, checked.drafter.phrase)
-    return launch, normalised(dry_run.render(launch.nodes, steps), tmp_path)
+    the_plan = plan.build(checked, serve.nodes_of(checked), REPO)
+    return the_plan, normalised(steps.render(the_plan.launch.nodes, steps.run_steps(the_plan)),
+                                tmp_path)
 
 
 @pytest.fixture(autouse=True)
@@ -43,16 +44,16 @@ def sealed_path(tmp_path, monkeypatch):
 
 
 def test_the_new_variable_reaches_every_rank(tmp_path):
-    launch, _ = dry_run_text(tmp_path, with_new_knobs(), **PINNED)
-    for rank in plan.rank_plans(launch):
+    the_plan, _ = dry_run_text(tmp_path, with_new_knobs(), **PINNED)
+    for rank in the_plan.ranks:
         assert rank.env["GLM53_EXAMPLE_LEVER"] == "1"
         assert rank.options[-1] == ("--env", "GLM53_EXAMPLE_LEVER=1")  # after the link's
         assert "--max-num-batched-tokens" not in rank.serve  # optional and empty: left out
 
 
 def test_the_new_flag_is_passed_as_is(tmp_path):
-    launch, _ = dry_run_text(tmp_path, with_new_knobs(), MAX_NUM_BATCHED_TOKENS=8192, **PINNED)
-    serve_argv = plan.rank_plans(launch)[1].serve
+    the_plan, _ = dry_run_text(tmp_path, with_new_knobs(), MAX_NUM_BATCHED_TOKENS=8192, **PINNED)
+    serve_argv = the_plan.ranks[1].serve
     at = serve_argv.index("--max-num-batched-tokens")
     assert serve_argv[at + 1] == "8192"
     assert serve_argv[at - 2] == "--override-generation-config"  # after the chat flags

@@ -4,8 +4,9 @@ knob declares shows up on some rank."""
 
 import pytest
 
-from launcher import cli, plan, recipe, serve
-from tests.unit.test_launcher_support import launcher_env
+from launcher import cli, plan, serve
+from recipekit import recipe
+from tests.unit.test_launcher_support import REPO, launcher_env
 
 SETTINGS = [
     {}, {"ENFORCE_EAGER": "1"}, {"HF_TOKEN_FILE": "/tok"}, {"SPEC": "mtp"},
@@ -19,7 +20,7 @@ SETTINGS = [
 
 def ranks(tmp_path, **settings):
     checked = cli.load(launcher_env(tmp_path, **settings))
-    return plan.rank_plans(plan.settle(checked, serve.nodes_of(checked)))
+    return plan.build(checked, serve.nodes_of(checked), REPO).ranks
 
 
 def flags_of(rank):

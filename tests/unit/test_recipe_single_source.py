@@ -17,7 +17,8 @@ import subprocess
 
 import pytest
 
-from launcher import recipe, render
+from launcher import render
+from recipekit import recipe
 from tests.unit.test_launcher_support import REPO
 
 KNOBS = recipe.load().knobs

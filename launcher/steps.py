@@ -1,16 +1,17 @@
-"""DRY_RUN: the plan of a run as steps, each a comment and the commands it runs, printed one
-command a line (a worker's as the ssh line that runs it), in run order. The steps that run
-only under a condition (building, streaming, resolving a pin) follow a comment saying when.
+"""A run's steps, in run order: each a comment and the commands it runs (the running check,
+the images, the pins and the drafter, the ranks, the memory guard, the readiness wait), and
+their rendering one command a line (a worker's as the ssh line that runs it), which is what
+DRY_RUN=1 prints. The steps that run only under a condition (building, streaming,
+resolving a pin) follow a comment saying when.
 """
 
 from __future__ import annotations
 
 import shutil
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from launcher import memguard, plan, preflight
-from launcher.plan import UNPINNED, Launch
+from launcher.plan import UNPINNED, Launch, Plan
 from launcher.remote import Nodes
 from launcher.words import quote
 
@@ -81,17 +82,19 @@ def boot_memory(launch: Launch) -> list[Step]:
     return [step]
 
 
-def images(launch: Launch, root: Path, pv: bool) -> list[Step]:
+def images(the_plan: Plan, pv: bool) -> list[Step]:
+    launch = the_plan.launch
     image, base = launch["IMAGE"], launch["BASE_IMAGE"]
     steps = [Step(f"image: {image} must exist on the head (built by scripts/build.sh from {base} "
                   "when missing) and have the head's ID on every worker (streamed when missing)")
              .on(0, plan.image_id_argv(image)),
              Step(f"only when {image} is missing on the head:")
-             .on(0, plan.image_id_argv(base)).on(0, plan.build_argv(root, launch))]
+             .on(0, plan.image_id_argv(base)).on(0, the_plan.build)]
     for index in range(1, len(launch.nodes.addresses)):
         node = launch.nodes.addresses[index]
         steps[-1].on(index, plan.image_id_argv(image))
-        meter = plan.meter_argv(f"{image} to {node}", "<image-bytes>", pv, root / "launcher")
+        meter = plan.meter_argv(f"{image} to {node}", "<image-bytes>", pv,
+                                the_plan.root / "launcher")
         steps.append(Step(f"only when {image} is missing on {node}:", [Pipeline((
             OnNode(0, ("docker", "save", image)), OnNode(0, tuple(meter)),
             OnNode(index, ("docker", "load"))))]))
@@ -108,25 +111,25 @@ def jit_cache(launch: Launch) -> list[Step]:
     return [step]
 
 
-def pins_and_drafter(launch: Launch) -> list[Step]:
-    steps = []
+def pins_and_drafter(the_plan: Plan) -> list[Step]:
+    launch, steps = the_plan.launch, []
     pins_file = launch["PINS_FILE"]
     if launch.model_pin == UNPINNED:
         steps.append(Step(f"only once: resolve {launch['MODEL']} to a commit on the head and "
                           f"record it in {pins_file}")
-                     .on(0, plan.resolve_revision_argv(launch, launch["MODEL"])))
+                     .on(0, the_plan.resolve[launch["MODEL"]]))
     if not launch.dflash2:
         return steps
     drafter = launch.checked.drafter
     if launch.drafter_pin == UNPINNED:
         steps.append(Step(f"only once: resolve {drafter.repo_id} to a commit on the head and "
                           f"record it in {pins_file}")
-                     .on(0, plan.resolve_revision_argv(launch, drafter.repo_id)))
+                     .on(0, the_plan.resolve[drafter.repo_id]))
     step = Step(f"drafter: fetch it at its pin and derive {launch.draft_dir} on every node")
     for index in _each_node(launch):
         if not drafter.local:
-            step.on(index, plan.fetch_snapshot_argv(launch))
-        step.on(index, plan.prepare_drafter_argv(launch))
+            step.on(index, the_plan.fetch_snapshot)
+        step.on(index, the_plan.prepare_drafter)
     return [*steps, step]
 
 
@@ -145,9 +148,10 @@ def memory_guard(launch: Launch) -> list[Step]:
     return [step]
 
 
-def ranks(launch: Launch) -> list[Step]:
+def ranks(the_plan: Plan) -> list[Step]:
+    launch = the_plan.launch
     start = Step("start one rank per node, head first")
-    for rank in plan.rank_plans(launch):
+    for rank in the_plan.ranks:
         start.on(rank.rank, rank.docker_argv())
     if launch["READY_CHECK"] == "health":
         wait = Step(f"wait: poll /health every {launch['POLL_SECONDS']} s (up to "
@@ -162,12 +166,12 @@ def ranks(launch: Launch) -> list[Step]:
     return [start, *memory_guard(launch), wait]
 
 
-def run_steps(launch: Launch, root: Path, drafter_phrase: str) -> list[Step]:
+def run_steps(the_plan: Plan) -> list[Step]:
     """Every step of a run, in order; the first is the start-up line."""
-    pv = shutil.which("pv") is not None
-    return [Step("glm53: " + plan.startup_line(launch, drafter_phrase)), *running_check(launch),
-            prepare_nodes(launch), *boot_memory(launch), *images(launch, root, pv), *jit_cache(launch),
-            *pins_and_drafter(launch), *ranks(launch)]
+    launch, pv = the_plan.launch, shutil.which("pv") is not None
+    return [Step("glm53: " + the_plan.startup_line), *running_check(launch),
+            prepare_nodes(launch), *boot_memory(launch), *images(the_plan, pv), *jit_cache(launch),
+            *pins_and_drafter(the_plan), *ranks(the_plan)]
 
 
 def render(nodes: Nodes, steps: list[Step]) -> str:

@@ -1,4 +1,5 @@
 """recipe.toml read into typed knobs, profiles, pins and fixed parts; nothing else reads it.
+The launcher and the image build (recipekit.imagebuild) both read it through here.
 
 A malformed recipe is a bug of this repository, not a user's setting: it raises
 RecipeError naming the knob and the field.
@@ -26,7 +27,7 @@ _KNOB_FIELDS = {
 
 
 class RecipeError(Exception):
-    """recipe.toml does not say what the launcher needs (a repository bug)."""
+    """recipe.toml does not say what the launcher or the build needs (a repository bug)."""
 
 
 @dataclass(frozen=True)
@@ -115,23 +116,21 @@ class Recipe:
     def flag_owners(self) -> dict[str, str]:
         """Every `vllm serve` flag the launcher sets -> the knob names that set it, or ""
         for a fixed part of the seed's run."""
-        owners: dict[str, list[str]] = {}
-        for knob in self.knobs.values():
-            for flag in knob.flags:
-                owners.setdefault(flag, []).append(knob.name)
-        result = {flag: _names(names) for flag, names in owners.items()}
-        for flag in self.fixed_flags:
-            result.setdefault(flag, "")
-        return result
+        return self._owners(lambda knob: knob.flags, self.fixed_flags)
 
     def env_owners(self) -> dict[str, str]:
         """Every container variable the launcher sets -> its knob names, or "" when fixed."""
+        return self._owners(lambda knob: knob.env, self.fixed_env)
+
+    def _owners(self, driven_by, fixed) -> dict[str, str]:
+        """Each name a knob drives (DRIVEN_BY(knob)) -> the knobs that drive it, in recipe
+        order; each name in FIXED that no knob drives -> ""."""
         owners: dict[str, list[str]] = {}
         for knob in self.knobs.values():
-            for name in knob.env:
+            for name in driven_by(knob):
                 owners.setdefault(name, []).append(knob.name)
         result = {name: _names(names) for name, names in owners.items()}
-        for name in self.fixed_env:
+        for name in fixed:
             result.setdefault(name, "")
         return result
 
