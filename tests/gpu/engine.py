@@ -138,7 +138,8 @@ def served_env(launcher: dict, scratch: Path, levers: dict[str, str] | None,
     env.update(levers or {})
     env.update({name: value for name, (value, _) in ENV_OVERRIDES.items()})
     path = [str(REMAP)] if remap else []
-    env["PYTHONPATH"] = os.pathsep.join([*path, os.environ["PYTHONPATH"]])
+    env["PYTHONPATH"] = os.pathsep.join([*path, os.environ.get("PYTHONPATH", "")]).rstrip(
+        os.pathsep)
     return env
 
 
