@@ -28,13 +28,6 @@ import os
 import torch
 
 from vllm.logger import init_logger
-from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import (
-    CompressedTensorsLinearMethod,
-)
-from vllm.model_executor.layers.quantization.compressed_tensors.schemes import (
-    CompressedTensorsW4A4Fp4,
-    CompressedTensorsWNA16,
-)
 from vllm.model_executor.layers.quantization.utils.nvfp4_emulation_utils import (
     FLOAT4_E2M1_MAX,
     kE2M1ToFloat_handle,
@@ -228,6 +221,18 @@ def swap_linear(name: str, layer: torch.nn.Module, fmt: str, group_size: int) ->
     if type(layer.quant_method).__name__ != "UnquantizedLinearMethod" \
             and not hasattr(layer, "num_embeddings_padded"):
         raise WeightGroupsError(f"{name}: has {type(layer.quant_method).__name__}, not BF16")
+    # imported here, not at the top: model_loader/utils.py imports this module, and vLLM's
+    # compressed-tensors package imports the MoE layers, which import the model utilities
+    # that import model_loader: at the top it closes an import cycle (0.30.0's registry
+    # could then load no model class)
+    from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import (
+        CompressedTensorsLinearMethod,
+    )
+    from vllm.model_executor.layers.quantization.compressed_tensors.schemes import (
+        CompressedTensorsW4A4Fp4,
+        CompressedTensorsWNA16,
+    )
+
     input_size, output_size, parts = _sizes(layer, weight)
     data = weight.data
     k = data.shape[1]

@@ -430,6 +430,10 @@ def gate_quality(doc: dict, results: list, url: dict, payload: Path, out: Path) 
           tolerance=INT8_KL_TOLERANCE)
 
 
+def _stopped(signum, _frame):
+    raise SystemExit(f"stopped by signal {signum}")
+
+
 def main(payload: str, out: str) -> int:
     signal.signal(signal.SIGTERM, _stopped)  # `timeout` ends the run: stop servers, write
     Path(out).mkdir(parents=True, exist_ok=True)
