@@ -79,6 +79,8 @@ ADDED = {
 ENV_OVERRIDES = {
     "TORCH_CUDA_ARCH_LIST": ("9.0a", "this GPU is sm_90, not GB10's sm_121"),
     "FLASHINFER_CUDA_ARCH_LIST": ("9.0a", "likewise"),
+    "VLLM_USE_FLASHINFER_SAMPLER": ("0", "FlashInfer is not carried; vLLM's sampler would import "
+                                         "it to ask whether it may use it"),
     "VLLM_USE_V2_MODEL_RUNNER": ("1", "adaptive verify lives in the V2 runner, which 0.30.0 "
                                       "picks by default: a silent fall-back to V1 must not pass "
                                       "as 'nothing changed'"),
