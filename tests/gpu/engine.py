@@ -419,17 +419,24 @@ def gate_quality(doc: dict, results: list, url: dict, payload: Path, out: Path) 
               reason="no record or gate document")
         return
     measured = gate["doc"].get("overall", {})
+    band_kl = (quality["tiny-band"]["doc"] or {}).get("overall", {}).get("kl_mean", float("nan"))
     predicted = float64_prediction(payload, record["doc"], out)
     coarse = [kl for p in predicted["per_prompt"] for kl in p["coarse"]]
     full = [kl for p in predicted["per_prompt"] for kl in p["full"]]
     mean_pred = sum(coarse) / len(coarse)
-    ratio = measured.get("kl_mean", float("nan")) / mean_pred if mean_pred else float("nan")
+    # two independent perturbations of the reference's log-probabilities add their KLs: the
+    # weights' rounding (float64, from both models' weights) and the bf16 engine's own
+    # prefill-against-decode rounding, which the A/A band measures on this GPU (about 0 in
+    # the CPU tier's float32)
+    expected = mean_pred + band_kl
+    ratio = measured.get("kl_mean", float("nan")) / expected if expected else float("nan")
     check(results, "quality gate: INT8 target groups fail beyond the A/A band, with the mean KL "
-                   "a float64 computation from both models' weights predicts",
+                   "a float64 computation from both models' weights predicts, plus the band",
           gate["exit"] == 1 and abs(ratio - 1) <= INT8_KL_TOLERANCE,
           measured=measured, predicted_kl_mean=mean_pred,
-          predicted_full_kl_mean=sum(full) / len(full), measured_over_predicted=ratio,
-          tolerance=INT8_KL_TOLERANCE)
+          predicted_full_kl_mean=sum(full) / len(full), band_kl_mean=band_kl,
+          measured_over_predicted_plus_band=ratio, tolerance=INT8_KL_TOLERANCE,
+          predicted_per_position=[round(kl, 8) for kl in coarse])
 
 
 def _stopped(signum, _frame):
