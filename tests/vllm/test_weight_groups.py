@@ -2,8 +2,9 @@
 model code's linears (the seed's list, per layer type), the drafter group to DFlash2's; the
 change applies where both exist and refuses drift in a module name or a signature; and
 (CPU torch) quantize-and-pack through vLLM's own code round-trips real-shaped weights
-within each format's error bound, the swapped layer holding exactly what vLLM's schemes
-register."""
+within each format's error bound, NVFP4's searched block scales err less than amax's in no
+block more and are packed as vLLM's dequantize_to_dtype reads them, and the swapped layer
+holds exactly what vLLM's schemes register."""
 
 import ast
 import json
@@ -171,6 +172,14 @@ def roundtrip(release):
                                        "PYTHONDONTWRITEBYTECODE": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
     doc = json.loads(result.stdout.strip().splitlines()[-1])
+    print("NVFP4 round trip, amax -> searched block scales (errors in units of the weights' "
+          "RMS; blocks the search changed, all of them to a smaller error; seconds on CPU)")
+    for name, case in doc["nvfp4_scales"].items():
+        amax, searched, rms = case["amax"], case["searched"], case["rms_weight"]
+        print(f"  {name:20s} RMS {amax['rms_error'] / rms:.4f} -> "
+              f"{searched['rms_error'] / rms:.4f}, worst {amax['max_error'] / rms:.3f} -> "
+              f"{searched['max_error'] / rms:.3f}, blocks changed {case['scales_changed']} of "
+              f"{case['blocks']}, {amax['seconds']:.1f} s -> {searched['seconds']:.1f} s")
     for name in doc["int8"]:
         i8, fp4 = doc["int8"][name], doc["nvfp4"][name]
         print(f"round trip {name}: int8 g64 max/bound {i8['g64']['max_error_over_bound']:.3f} "
@@ -203,6 +212,42 @@ def test_nvfp4_round_trip_within_the_bound(roundtrip):
         assert case["max_clip_over_block_amax"] < 1 / 16, (name, case)
 
 
+def test_nvfp4_searched_scales_err_less_than_amax_and_never_more_in_a_block(roundtrip):
+    for name, case in roundtrip["nvfp4_scales"].items():
+        assert case["blocks_worse"] == 0, (name, case)
+        # the search changes a block's scale only for a smaller error
+        assert case["blocks_better"] == case["scales_changed"] > case["blocks"] // 4, name
+        amax, searched = case["amax"]["rms_error"], case["searched"]["rms_error"]
+        assert searched < 0.95 * amax, (name, amax, searched)
+
+
+def test_nvfp4_packing_is_exactly_what_vllm_reads(roundtrip):
+    """Per shape and both scalings: dequantize_to_dtype of the packed tensors equals, to the
+    last bit, the chosen E2M1 values (each the nearest to its weight at its block's scale)
+    times the scales; the layout is the amax path's (the format vLLM's Marlin FP4 reads)."""
+    for name, case in roundtrip["nvfp4_scales"].items():
+        n, k = case["shape"]
+        layout = {"weight_packed": [[n, k // 2], "torch.uint8"],
+                  "weight_scale": [[n, k // 16], "torch.float8_e4m3fn"],
+                  "weight_global_scale": [[1], "torch.float32"]}
+        assert case["same_global_scale"], name
+        for scales in ("amax", "searched"):
+            assert case[scales]["layout"] == layout, (name, scales)
+            assert case[scales]["reader_mismatches"] == 0, (name, scales)
+            assert case[scales]["not_nearest"] == 0, (name, scales)
+
+
+def test_nvfp4_checks_catch_a_wrong_packing_and_a_worse_scale(roundtrip):
+    """The checks above can fail: the searched result packed high nibble first is read as
+    other values, and scales three E4M3 codes up err more in most blocks; the amax path is
+    ref_nvfp4_quant's on the whole tensor, as before; the search's rounding is cast_to_fp4's."""
+    controls = roundtrip["nvfp4_controls"]
+    assert controls["nibble_swapped_mismatches"] > 0
+    assert controls["scale_bumped_blocks_worse"] > controls["blocks"] // 2
+    assert controls["amax_as_before"]
+    assert controls["search_rounding_mismatches"] == 0 and controls["rounding_points"] > 2e6
+
+
 def test_swap_gives_the_layer_what_vllms_schemes_register(roundtrip):
     int8, fp4 = roundtrip["swap"]["int8"], roundtrip["swap"]["nvfp4"]
     assert int8["params"] == {"weight_packed": [[512, 256], "torch.int32"],
@@ -212,6 +257,7 @@ def test_swap_gives_the_layer_what_vllms_schemes_register(roundtrip):
     assert fp4["params"]["weight"] == [[512, 512], "torch.uint8"]
     assert fp4["params"]["weight_scale"] == [[512, 64], "torch.float8_e4m3fn"]
     for case in (int8, fp4):
+        assert case["as_direct"]  # the layer holds what int8_wna16 / nvfp4 (searched) give
         assert case["freed_bytes"] == 512 * 1024 * 2 and not case["has_bf16_weight"]
         assert case["method"] == "CompressedTensorsLinearMethod" and case["kernel_processed"]
     assert int8["scheme"] == "CompressedTensorsWNA16"
