@@ -262,3 +262,19 @@ def test_swap_gives_the_layer_what_vllms_schemes_register(roundtrip):
         assert case["method"] == "CompressedTensorsLinearMethod" and case["kernel_processed"]
     assert int8["scheme"] == "CompressedTensorsWNA16"
     assert fp4["scheme"] == "CompressedTensorsW4A4Fp4"
+
+
+@pytest.mark.parametrize("scales", ["amax", "searched"])
+def test_load_cost_probe_measures_one_scaling(release, scales):
+    """tests/vllm/probes/nvfp4_load_cost.py, which docs/quality.md's load-time figure comes
+    from, on a small shape: its output is the packed weight, scales and global scale."""
+    probe = REPO_ROOT / "tests/vllm/probes/nvfp4_load_cost.py"
+    result = subprocess.run(
+        [sys.executable, str(probe), str(HELPER_SOURCE), "256", "4096", scales],
+        capture_output=True, text=True, timeout=600, check=False,
+        env={**os.environ, "PYTHONPATH": str(release("0.30.0")), "PYTHONDONTWRITEBYTECODE": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    doc = json.loads(result.stdout.strip().splitlines()[-1])
+    assert doc["shape"] == [256, 4096] and doc["scales"] == scales and doc["threads"] == 1
+    assert doc["output_bytes"] == 256 * 4096 // 2 + 256 * 4096 // 16 + 4
+    assert doc["weight_bytes"] == 256 * 4096 * 2 and doc["seconds"] >= 0
