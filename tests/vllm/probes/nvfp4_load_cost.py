@@ -3,7 +3,8 @@
 at load. Seeded weights as weight_groups_roundtrip.py makes them; torch on THREADS threads
 (1 by default: a shared machine's other cores only add noise). Prints one JSON line: the
 seconds, the output's bytes and the peak resident memory the call added (one scaling a
-process: the peak only grows).
+process: the peak only grows). With MALLOC_MMAP_THRESHOLD_=65536 that peak is what was live:
+glibc otherwise keeps freed chunks, a few hundred MiB in some runs here.
 
     python nvfp4_load_cost.py HELPER.py N K SCALES [THREADS]
 
