@@ -79,18 +79,12 @@ NVFP4_BLOCK = 16
 FLOAT8_E4M3_MAX = torch.finfo(torch.float8_e4m3fn).max
 FLOAT8_E4M3_MAX_CODE = 0x7E  # 448; 0x7F is NaN, and positive codes order as their values
 NVFP4_SCALES = ("amax", "searched")
-# block scales per user: searched where the target's answers depend on them; the drafter's
-# amax is what the seed measured (its drafts are verified, so only acceptance could move)
-TARGET_NVFP4_SCALES = "searched"
-DRAFT_NVFP4_SCALES = "amax"
-# E4M3 codes the search tries, each with its two neighbours: amax/6's (ref_nvfp4_quant's) and
-# amax/4's ("four over six"); the neighbours got 99% of a 12-code search's gain in error
+TARGET_NVFP4_SCALES = "searched"  # target error reaches the answers
+DRAFT_NVFP4_SCALES = "amax"  # the seed's measured drafter; drafts are verified either way
+# beside amax/6's and amax/4's codes: 99% of a twelve-code search's gain in error, measured
 NVFP4_SCALE_NEIGHBOURS = (-1, 1)
-# weights quantized at once: bounds the float32 temporaries (about 10 of them) on every rank
-NVFP4_CHUNK = 1 << 20
-# a scale replaces the best so far only below its error by this share of the block's energy,
-# above float32's noise in the errors, so ties keep amax's scale and never err more than it
-NVFP4_SEARCH_MARGIN = 2.0 ** -16
+NVFP4_CHUNK = 1 << 20  # weights quantized at once: bounds the temporaries on every rank
+NVFP4_SEARCH_MARGIN = 2.0 ** -16  # of a block's energy: above float32's noise, so amax keeps ties
 INT8 = scalar_types.uint8b128
 
 
