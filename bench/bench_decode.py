@@ -1,16 +1,16 @@
 #!/usr/bin/env python3
 """Measure streamed decode speed and draft acceptance of an OpenAI-compatible server.
 
-    bench/bench_decode.py [--url http://127.0.0.1:8000] [--phase both] [--concurrency 1,2,4]
+    bench/bench_decode.py [--url http://127.0.0.1:8000] [--phase all] [--concurrency 1,2,4]
                           [--runs 3] [--max-tokens 200] [--json results.json]
     bench/bench_decode.py --compare A.json B.json
 
-For each phase (prose, structured) and concurrency c it runs `--runs` waves of c streams at
-once, every stream greedy, thinking off, with its own unique prompt prefix. It reads the
-spec-decode counters of /metrics around each concurrency block. Exit code: 0 when every
-stream was measured and no block was invalidated, 1 otherwise (a summary says what), 2 when
-it could not start (bad option, server unreachable, model ambiguous). The JSON contract is
-documented in docs/bench.md.
+For each phase (prose, structured, code) and concurrency c it runs `--runs` waves of c
+streams at once, every stream greedy, thinking off, with its own unique prompt prefix. It
+reads the spec-decode counters of /metrics around each concurrency block. Exit code: 0 when
+every stream was measured and no block was invalidated, 1 otherwise (a summary says what), 2
+when it could not start (bad option, server unreachable, model ambiguous). The JSON contract
+is documented in docs/bench.md.
 """
 
 from __future__ import annotations
@@ -62,6 +62,14 @@ def _concurrency_list(text: str) -> list[int]:
     return list(dict.fromkeys(values))
 
 
+def _phase_list(text: str) -> list[str]:
+    names = list(prompts.PHASES) if text == "all" else [p.strip() for p in text.split(",")]
+    if not names or any(name not in prompts.PHASES for name in names):
+        raise argparse.ArgumentTypeError(
+            f"--phase must be all or a comma list of {', '.join(prompts.PHASES)}, got {text!r}")
+    return list(dict.fromkeys(names))
+
+
 def _positive(minimum: int):
     def parse(text: str) -> int:
         try:
@@ -79,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 allow_abbrev=False)
     p.add_argument("--url", default=DEFAULT_URL, help=f"server base URL (default {DEFAULT_URL})")
     p.add_argument("--model", help="model id (default: the one /v1/models lists)")
-    p.add_argument("--phase", choices=["prose", "structured", "both"], default="both")
+    p.add_argument("--phase", dest="phases", type=_phase_list, default="all",
+                   help=f"all (default) or a comma list of {', '.join(prompts.PHASES)}")
     p.add_argument("--concurrency", type=_concurrency_list, default=[1, 2, 4],
                    help="comma-separated stream counts per wave (default 1,2,4)")
     p.add_argument("--runs", type=_positive(1), default=3, help="waves per cell (default 3)")
@@ -173,7 +182,7 @@ def _write_json(path: str, doc: dict) -> None:
 
 async def run_bench(opts: argparse.Namespace, progress: BenchProgress) -> dict:
     """Run every cell; return the result document (the JSON contract)."""
-    phases = list(prompts.PHASES) if opts.phase == "both" else [opts.phase]
+    phases = opts.phases
     url = opts.url.rstrip("/")
     widest = max(opts.concurrency)
     connector = aiohttp.TCPConnector(limit=widest + 4)
@@ -301,9 +310,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--url must start with http:// or https://, got {opts.url!r}")
     if opts.timeout <= 0:
         parser.error(f"--timeout must be > 0 seconds, got {opts.timeout}")
-    phases = 2 if opts.phase == "both" else 1
     progress = BenchProgress(BenchProgress.pick_mode(opts.quiet),
-                             phases * len(opts.concurrency) * opts.runs)
+                             len(opts.phases) * len(opts.concurrency) * opts.runs)
     try:
         with progress:
             doc = asyncio.run(run_bench(opts, progress))

@@ -1,8 +1,8 @@
-"""The two bench phases' prompts, each stream given its own unique prefix."""
+"""The bench phases' prompts, each stream given its own unique prefix."""
 
 from __future__ import annotations
 
-PHASES = ("prose", "structured")
+PHASES = ("prose", "structured", "code")
 
 _PHASE_PROMPTS = {
     # free text: the low-acceptance regime
@@ -10,6 +10,10 @@ _PHASE_PROMPTS = {
               "built, who kept them, and how their lamps changed over the centuries."),
     # counting: the high-acceptance regime
     "structured": "Count from 1 to 200, one number per line, with nothing else.",
+    # a fixed programming task answered as code: the regime the field's code figures measure
+    "code": ("Write a complete Python module that implements an LRU cache class with get, put "
+             "and delete methods, type hints and docstrings, followed by unittest tests of its "
+             "eviction order. Reply with the code only."),
 }
 
 

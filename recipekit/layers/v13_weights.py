@@ -91,6 +91,8 @@ SIGNATURES = {
         ("x", "global_scale", "block_size"),
     (f"{QUANT}/utils/nvfp4_emulation_utils.py", None, "dequantize_to_dtype"):
         ("tensor_fp4", "tensor_sf", "global_scale", "dtype", "block_size", "swizzle"),
+    (f"{QUANT}/utils/nvfp4_emulation_utils.py", None, "cast_to_fp4"): ("x",),
+    (f"{QUANT}/utils/nvfp4_emulation_utils.py", None, "get_reciprocal"): ("x",),
 }
 # module-level names the helper imports, by file
 NAMES = {

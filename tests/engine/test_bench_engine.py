@@ -1,4 +1,4 @@
-"""bench_decode.py against real vLLM: both phases at c=1,2,4 through a relay that measures
+"""bench_decode.py against real vLLM: every phase at c=1,2,4 through a relay that measures
 the same streams as a second client, on the oracle-drafted, the undrafted and the blind-
 drafted servers; and planted faults that the same checks catch."""
 
@@ -31,7 +31,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # 1 + a whole number of (k+1)-token steps (no step cut short by max_tokens), and about 2 s
 # of decode per stream, so that a reader's scheduling delay of 20 ms stays within 1%
 MAX_TOKENS = 1 + 80 * (K + 1)
-BENCH_ARGS = ["--phase", "both", "--concurrency", "1,2,4", "--runs", "1",
+BENCH_ARGS = ["--phase", "all", "--concurrency", "1,2,4", "--runs", "1",
               "--max-tokens", str(MAX_TOKENS), "--quiet"]
 
 
@@ -69,7 +69,7 @@ def runs() -> dict[str, BenchRun]:
 
 @pytest.fixture
 def bench_run(server, runs, tmp_path_factory) -> BenchRun:
-    """The full bench (both phases, c=1,2,4) on the parametrised server, run once a module."""
+    """The full bench (every phase, c=1,2,4) on the parametrised server, run once a module."""
     if server.name not in runs:
         runs[server.name] = run_bench(server, tmp_path_factory.mktemp(server.name))
     return runs[server.name]
@@ -88,10 +88,10 @@ PLAIN = pytest.mark.parametrize("server", ["plain"], indirect=True)
 
 
 @BOTH
-def test_every_cell_of_both_phases_uses_the_exact_method(bench_run):
+def test_every_cell_of_every_phase_uses_the_exact_method(bench_run):
     assert bench_run.exit_code == 0
     cells = {(c["phase"], c["concurrency"]) for c in bench_run.doc["cells"]}
-    assert cells == {(p, c) for p in ("prose", "structured") for c in (1, 2, 4)}
+    assert cells == {(p, c) for p in ("prose", "structured", "code") for c in (1, 2, 4)}
     assert check_methods(bench_run.doc) == []
 
 

@@ -147,7 +147,8 @@ def test_two_ranks_start_answer_bench_and_stop(launcher_env, tmp_path):
     assert bench.returncode == 0, bench.stdout + bench.stderr
     cells = json.loads(receipt.read_text())["cells"]
     assert [(c["phase"], c["concurrency"]) for c in cells] == [
-        ("prose", 1), ("prose", 2), ("structured", 1), ("structured", 2)]
+        ("prose", 1), ("prose", 2), ("structured", 1), ("structured", 2), ("code", 1),
+        ("code", 2)]
     assert all(c["failed_streams"] == 0 and c["per_stream_tok_s"]["median"] > 0 for c in cells)
     assert all(c["acceptance_length"] is None for c in cells)  # SPEC=off: no drafting
 

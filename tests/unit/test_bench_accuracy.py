@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from bench import bench_decode
+from bench import bench_decode, prompts
 from tests.fakes import fake_vllm
 from tests.timing import Jitter, span_allowance_s
 
@@ -161,6 +161,37 @@ def test_requests_are_greedy_thinking_off_unique_and_use_the_listed_model(drafte
     assert doc["settings"]["model"] == "org/glm-fake"
     assert doc["server"]["vllm_version"] == "0.30.0"
     assert doc["server"]["models"]["data"][0]["id"] == "org/glm-fake"
+
+
+def test_code_phase_sends_the_fixed_coding_prompt_greedy_thinking_off_once_per_stream(tmp_path):
+    """The code phase as the field's code figures were taken (greedy, thinking off), each
+    stream of each wave its own prompt, so no stream is served from another's prefix cache."""
+    log = tmp_path / "requests.jsonl"
+    with fake_vllm.spawn("--num-spec-tokens", "3", "--step-seconds", "0.002",
+                         "--request-log", str(log)) as fake:
+        code, doc = _run(fake, tmp_path, "--phase", "code", "--concurrency", "1,2,4",
+                         "--runs", "2", "--max-tokens", "24")
+    assert code == 0
+    task = prompts.phase_messages("code", "")[0]["content"].strip()
+    assert task.startswith("Write a complete Python module") and "[bench" not in task
+    assert doc["settings"]["phases"] == ["code"]
+    assert doc["settings"]["prompts"] == {"code": f"<prefix> {task}"}
+    assert [(c["phase"], c["concurrency"]) for c in doc["cells"]] == [
+        ("code", 1), ("code", 2), ("code", 4)]
+    assert all(c["measured_streams"] == c["streams"] == 2 * c["concurrency"]
+               and c["spec_decode"] == "measured" for c in doc["cells"])
+    bodies = [entry["body"] for entry in _log(log)]
+    assert len(bodies) == 2 * (1 + 2 + 4)
+    contents = [b["messages"][0]["content"] for b in bodies]
+    assert len(set(contents)) == len(contents)
+    bench_id = doc["settings"]["bench_id"]
+    expected = {f"[bench {bench_id} code c{c} r{r} s{s}] {task}"
+                for c in (1, 2, 4) for r in (1, 2) for s in range(c)}
+    assert set(contents) == expected
+    for body in bodies:
+        assert body["temperature"] == 0
+        assert body["chat_template_kwargs"] == {"enable_thinking": False}
+        assert body["max_tokens"] == 24 and body["ignore_eos"] is True
 
 
 def test_no_spec_decode_one_token_per_chunk(tmp_path):

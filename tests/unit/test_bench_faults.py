@@ -140,3 +140,12 @@ def test_bad_options_are_refused_with_the_value(capsys):
         bench_decode.main(["--concurrency", "1,zero"])
     assert exit_info.value.code == 2
     assert "--concurrency must be comma-separated positive integers" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("phase", ["both", "prose,poetry", ""])
+def test_an_unknown_phase_is_refused_naming_the_phases(phase, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        bench_decode.main(["--phase", phase])
+    assert exit_info.value.code == 2
+    assert (f"--phase must be all or a comma list of prose, structured, code, got {phase!r}"
+            in capsys.readouterr().err)

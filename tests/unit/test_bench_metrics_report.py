@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from bench import bench_decode, report
+from bench import bench_decode, prompts, report
 from bench.server_metrics import acceptance, parse_metrics, restart_between, spec_delta
 
 WITH_TOTAL = """\
@@ -129,7 +129,13 @@ def test_json_file_keeps_the_documented_contract(contract_doc):
                         "notes", "self_cost"}
     assert set(doc["settings"]) >= {"url", "model", "phases", "concurrency", "runs",
                                     "max_tokens", "request", "prompts", "bench_id"}
-    assert len(doc["cells"]) == 4 and len(doc["waves"]) == 8
+    # by default every phase, in order, each prompt recorded with its prefix's place
+    assert doc["settings"]["phases"] == ["prose", "structured", "code"]
+    assert doc["settings"]["prompts"] == {
+        phase: prompts.phase_messages(phase, "<prefix>")[0]["content"] for phase in prompts.PHASES}
+    assert [(c["phase"], c["concurrency"]) for c in doc["cells"]] == [
+        (phase, c) for phase in prompts.PHASES for c in (1, 2)]
+    assert len(doc["waves"]) == 12
     for cell in doc["cells"]:
         for key in ("per_stream_tok_s", "aggregate_tok_s", "ttft_s"):
             assert set(cell[key]) == {"median", "min", "max"}

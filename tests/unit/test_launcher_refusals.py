@@ -97,8 +97,8 @@ REFUSALS = [
     ({"INT_GROUP_SIZE": "32"}, "INT_GROUP_SIZE=32: accepted: 64 | 128"),
     ({"TARGET_WEIGHT_FORMAT": "nvfp4"},
      "TARGET_WEIGHT_FORMAT=nvfp4: NVFP4 on target groups failed the seed's v13 quality gate on "
-     "KL (run bench/quality.py gate before trusting it); accepted: int8, or set "
-     "FORCE_UNSAFE_WEIGHTS=1"),
+     "KL; judge it with scripts/compare --candidate TARGET_WEIGHT_FORMAT=nvfp4 on your Spark; "
+     "accepted: int8, or set FORCE_UNSAFE_WEIGHTS=1"),
     ({"TARGET_WEIGHT_FORMAT": "fp8"},
      "TARGET_WEIGHT_FORMAT=fp8: accepted: int8 or nvfp4 (FP8 on target groups failed the "
      "seed's quality gate on KL and is not offered)"),

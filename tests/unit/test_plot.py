@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from bench import bench_decode, plot
+from bench import bench_decode, plot, prompts
 from tests.fakes import fake_vllm
 from tests.timing import HANG_GUARD_S
 
@@ -51,7 +51,7 @@ def _assert_bench_panels(axes, doc):
     speed, aggregate, accept, per_position = (_by_gid(ax) for ax in axes)
     cells = doc["cells"]
     phases = list(dict.fromkeys(c["phase"] for c in cells))
-    assert phases == ["prose", "structured"]
+    assert phases == list(prompts.PHASES) == ["prose", "structured", "code"]
     for panel, key in ((speed, "per_stream_tok_s"), (aggregate, "aggregate_tok_s")):
         for phase in phases:
             mine = sorted((c for c in cells if c["phase"] == phase),
@@ -115,7 +115,8 @@ def test_bench_without_speculative_decoding_says_so(tmp_path):
     accept, per_position = fig.axes[2], fig.axes[3]
     assert not accept.lines and not per_position.lines
     assert "no acceptance measured" in accept.texts[0].get_text()
-    assert len(_by_gid(fig.axes[0])) == 4   # the speeds are drawn all the same
+    # the speeds are drawn all the same: a median line and a min-max bar per phase
+    assert len(_by_gid(fig.axes[0])) == 2 * len(prompts.PHASES)
 
 
 def _memory_csv(path):

@@ -1,8 +1,9 @@
 """Run with PYTHONPATH=<a vLLM release tree> on CPU torch: v13's weight-group helper quantizes
 and packs real-shaped BF16 weights through vLLM's own code, and vLLM's own dequantizers
-give back the weight within each format's error bound; swap_linear gives a layer exactly
+give back the weight within each format's error bound (NVFP4 with the drafter's amax
+block scales; nvfp4_scales.py takes the searched ones); swap_linear gives a layer exactly
 the parameters vLLM's schemes register (their kernels stubbed: Marlin needs CUDA) and frees
-the BF16 weight. Prints one JSON line.
+the BF16 weight; the image refuses NVFP4 target groups unforced. Prints one JSON line.
 
     python weight_groups_roundtrip.py HELPER.py
 """
@@ -59,7 +60,8 @@ def int8_case(helper, w: torch.Tensor, group: int) -> dict:
 
 
 def nvfp4_case(helper, w: torch.Tensor) -> dict:
-    tensors = helper.nvfp4(w)
+    """The amax path (the drafter's) against the format's error bound."""
+    tensors = helper.nvfp4(w, "amax")
     back = helper.nvfp4_dequantized(tensors)
     n, k = w.shape
     block = (tensors["weight_scale"].float() / tensors["weight_global_scale"]).reshape(n, -1, 1)
@@ -101,7 +103,8 @@ class _StubKernel:
 
 
 def swap_case(helper, fmt: str) -> dict:
-    """swap_linear on a stand-in layer: the parameters vLLM's scheme registered."""
+    """swap_linear on a stand-in layer (NVFP4 with the target's searched block scales): the
+    parameters vLLM's scheme registered, holding exactly what nvfp4() gives."""
     from vllm.model_executor import parameter
     from vllm.model_executor.layers.linear import UnquantizedLinearMethod
     from vllm.model_executor.layers.quantization.compressed_tensors.schemes import (
@@ -120,21 +123,30 @@ def swap_case(helper, fmt: str) -> dict:
     layer.input_size, layer.output_size = 1024, 512
     layer.output_partition_sizes = [256, 256]
     layer.params_dtype = torch.bfloat16
-    freed = helper.swap_linear("probe", layer, fmt, 128)
+    freed = helper.swap_linear("probe", layer, fmt, 128, "searched")
     params = {k: [list(v.shape), str(v.dtype)] for k, v in layer.named_parameters()}
     if fmt == "int8":
         back = helper.int8_wna16_dequantized(
             {"weight_packed": layer.weight_packed.data, "weight_scale": layer.weight_scale.data},
             128)
+        direct = helper.int8_wna16(w, 128)
+        as_direct = torch.equal(layer.weight_packed.data, direct["weight_packed"]) \
+            and torch.equal(layer.weight_scale.data, direct["weight_scale"])
     else:  # the scheme renamed weight_packed to weight and inverted the global scale
         back = helper.nvfp4_dequantized({"weight_packed": layer.weight.data,
                                          "weight_scale": layer.weight_scale.data,
                                          "weight_global_scale": 1.0 / layer.weight_global_scale})
+        direct = helper.nvfp4(w, "searched")
+        as_direct = torch.equal(layer.weight.data, direct["weight_packed"]) \
+            and torch.equal(layer.weight_scale.data.view(torch.uint8),
+                            direct["weight_scale"].view(torch.uint8)) \
+            and torch.equal(layer.weight_global_scale.data.reshape(1),
+                            1.0 / direct["weight_global_scale"])
     return {"params": params, "freed_bytes": freed, "has_bf16_weight": any(
         v.dtype == torch.bfloat16 and v.dim() == 2 and list(v.shape) == [512, 1024]
         for v in layer.parameters()),
         "method": type(layer.quant_method).__name__, "scheme": type(layer.scheme).__name__,
-        "kernel_processed": _StubKernel.processed[-1] is layer,
+        "kernel_processed": _StubKernel.processed[-1] is layer, "as_direct": as_direct,
         "max_abs_error": float((back - w.float()).abs().max())}
 
 
@@ -145,6 +157,14 @@ def main(helper_path: str) -> int:
         w = weight(n, k, index)
         out["int8"][name] = {f"g{g}": int8_case(helper, w, g) for g in (64, 128)}
         out["nvfp4"][name] = nvfp4_case(helper, w)
+    try:
+        helper.settings_from_env({"GLM53_INT8_W8A16": "mla", "GLM53_TARGET_WEIGHT_FORMAT": "nvfp4"})
+        out["nvfp4_refusal"] = None
+    except helper.WeightGroupsError as error:
+        out["nvfp4_refusal"] = str(error)
+    forced = helper.settings_from_env({"GLM53_INT8_W8A16": "mla", "GLM53_TARGET_WEIGHT_FORMAT":
+                                       "nvfp4", "GLM53_FORCE_UNSAFE_WEIGHTS": "1"})
+    out["nvfp4_forced_format"] = forced["target_format"]
     out["swap"] = {fmt: swap_case(helper, fmt) for fmt in ("int8", "nvfp4")}
     print(json.dumps(out))
     return 0
