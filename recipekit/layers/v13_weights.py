@@ -61,6 +61,8 @@ OWNERS = {
 SUBCLASSES = {"DFlash2Qwen3Model": (f"{MODELS}/qwen3_dflash2.py", "DFlashQwen3Model"),
               "DFlash2Qwen3ForCausalLM": (f"{MODELS}/qwen3_dflash2.py",
                                           "DFlashQwen3ForCausalLM")}
+# imported first, in a fresh interpreter, after the change: how every model module meets it
+MODEL_ENTRY_MODULES = ("vllm.model_executor.models.utils",)
 QUANT = "vllm/model_executor/layers/quantization"
 SCHEMES = f"{QUANT}/compressed_tensors/schemes"
 # (file, class or None, function) -> parameters it must take, in this order
@@ -221,6 +223,12 @@ class WeightGroups(Glm5NextPatchLayer):
 
     def missing_capability(self, view: TreeView) -> list[str]:
         return decorator_gaps(view, TARGET, HELPER, lambda source: {SEAM: DECORATOR})
+
+    def importable_modules(self, files: list[str]) -> list[str]:
+        # the touched modules, and the ones vLLM's model registry imports first: a model
+        # module reaches model_loader/utils.py through the model utilities, an order in
+        # which a helper importing vLLM's quantization package at its top closes a cycle
+        return [*super().importable_modules(files), *MODEL_ENTRY_MODULES]
 
     def provided_by_base(self, view: TreeView) -> str | None:
         return None

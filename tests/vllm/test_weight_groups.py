@@ -9,6 +9,7 @@ holds exactly what vLLM's schemes register."""
 import ast
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -303,3 +304,39 @@ def test_load_cost_probe_measures_one_scaling(release, scales):
     assert doc["shape"] == [256, 4096] and doc["scales"] == scales and doc["threads"] == 1
     assert doc["output_bytes"] == 256 * 4096 // 2 + 256 * 4096 // 16 + 4
     assert doc["weight_bytes"] == 256 * 4096 * 2 and doc["seconds"] >= 0
+
+
+def _helper_importing_compressed_tensors_at_top() -> str:
+    """The helper as first written: vLLM's compressed-tensors imports at module top."""
+    lines = HELPER_SOURCE.read_text().splitlines(keepends=True)
+    start = next(i for i, line in enumerate(lines)
+                 if line.startswith("    from vllm.model_executor.layers.quantization.compressed"))
+    end = next(i for i in range(start, len(lines)) if lines[i].strip() == "")
+    block = [line[4:] for line in lines[start:end]]
+    rest = lines[:start] + lines[end:]
+    anchor = next(i for i, line in enumerate(rest) if line.startswith("from vllm.logger import"))
+    return "".join(rest[:anchor + 1] + block + rest[anchor + 1:])
+
+
+def test_a_model_module_imports_first_after_the_change(tree_copy, release, tmp_path,
+                                                      monkeypatch):
+    """vLLM's registry imports a model module first, which reaches model_loader/utils.py
+    through the model utilities: the layer's import check does the same, and refuses the
+    helper whose top-level quantization imports closed a cycle there (every model failed to
+    import on vLLM 0.30.0's CUDA build)."""
+    from recipekit.layers import v13_weights
+
+    root = tree_copy("0.30.0")
+    result = run_layer(build(), root, import_check="on")
+    assert result.outcome == "applied", result.reason
+    assert "import vllm.model_executor.models.utils" not in result.reason
+    cyclic = tmp_path / "weight_groups.py"
+    cyclic.write_text(_helper_importing_compressed_tensors_at_top())
+    monkeypatch.setattr(v13_weights, "HELPER_SOURCE", cyclic)
+    monkeypatch.setattr(v13_weights.WeightGroups, "helper_source", cyclic)
+    second = tmp_path / "second"
+    shutil.copytree(release("0.30.0"), second, copy_function=os.link)
+    result = run_layer(v13_weights.build(), second, import_check="on")
+    assert result.outcome == "refused", result.reason
+    assert "import vllm.model_executor.models.utils failed" in result.reason
+    assert "circular import" in result.reason
