@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from launcher import checks
-from launcher.settings import Failed, Refused, resolve
+from launcher.settings import Failed, Refused, RefusedAbove, resolve
 from recipekit import recipe
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,6 +48,8 @@ def main(argv: list[str]) -> int:
         return 64
     except Refused as refused:
         print(refused.line, file=sys.stderr)
+        return 2
+    except RefusedAbove:
         return 2
     except Failed as failed:
         print(f"glm53: {failed}", file=sys.stderr)
