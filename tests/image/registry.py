@@ -4,18 +4,22 @@ pulls its stand-in vendor image from (this machine and its containers reach no p
 registry, and no registry image is at hand). The Docker engine pulls from it as from any
 registry: 127.0.0.0/8 is one of its default insecure registries, so plain HTTP is used.
 
-The layers are served as they are in the archive (uncompressed tars, which the engine
-detects), so their digests are their diff IDs. The config is the archive's with LABELS added:
-an image the engine does not have yet (it pulls nothing of an image ID it has), so every
-layer is downloaded and extracted as on a fresh host; the engine records this registry's
-manifest digest.
+The engine pulls nothing it already has: no layer of an image ID it holds, no blob whose
+digest it has pulled before. So the config is the archive's with LABELS added (an image ID
+the engine has not seen), and each layer is served gzip-wrapped without compression (level
+0, the archive's tar unchanged inside) under a gzip header time drawn per registry, so its
+blob digest is new too: every layer is downloaded and extracted as on a fresh host, at the
+cost of a copy. The engine records this registry's manifest digest.
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import posixpath
+import secrets
+import shutil
 import subprocess
 import tarfile
 import threading
@@ -25,7 +29,7 @@ from pathlib import Path
 
 MANIFEST_TYPE = "application/vnd.docker.distribution.manifest.v2+json"
 CONFIG_TYPE = "application/vnd.docker.container.image.v1+json"
-LAYER_TYPE = "application/vnd.docker.image.rootfs.diff.tar.gzip"  # the engine sniffs the compression
+LAYER_TYPE = "application/vnd.docker.image.rootfs.diff.tar.gzip"
 CHUNK = 1 << 20
 
 
@@ -43,8 +47,8 @@ def saved_archive(image_id: str, cache: Path) -> Path:
 
 @dataclass(frozen=True)
 class Blob:
-    offset: int  # where its bytes start in the archive, or -1 when held in `data`
     size: int
+    path: Path | None = None  # a layer's file, or None for `data` (the config)
     data: bytes = b""
 
 
@@ -58,22 +62,28 @@ def _member(archive: tarfile.TarFile, name: str) -> tarfile.TarInfo:
 
 
 class ArchiveRegistry:
-    def __init__(self, archive: Path, labels: dict[str, str]) -> None:
-        self.archive, self.blobs = archive, {}
+    def __init__(self, archive: Path, labels: dict[str, str], workdir: Path) -> None:
+        """The image of ARCHIVE with LABELS, its layers written to WORKDIR (about its size)."""
+        self.blobs, self.asked = {}, []  # the paths asked for, in order
+        stamp = secrets.randbits(31)
         with tarfile.open(archive) as saved:
             entry = json.load(saved.extractfile("manifest.json"))[0]
             config = json.load(saved.extractfile(_member(saved, entry["Config"])))
             config["config"]["Labels"] = {**(config["config"].get("Labels") or {}), **labels}
             config = json.dumps(config, separators=(",", ":")).encode()
             self.image_id = "sha256:" + hashlib.sha256(config).hexdigest()
-            self.blobs[self.image_id] = Blob(-1, len(config), config)
+            self.blobs[self.image_id] = Blob(len(config), data=config)
             layers = []
-            with archive.open("rb") as raw:
-                for name in entry["Layers"]:
-                    member = _member(saved, name)
-                    digest = "sha256:" + self._hash(raw, member.offset_data, member.size)
-                    self.blobs[digest] = Blob(member.offset_data, member.size)
-                    layers.append({"mediaType": LAYER_TYPE, "size": member.size, "digest": digest})
+            workdir.mkdir(parents=True, exist_ok=True)
+            for number, name in enumerate(entry["Layers"]):
+                path = workdir / f"layer-{number}.tar.gz"
+                with saved.extractfile(_member(saved, name)) as tar, path.open("wb") as out:
+                    with gzip.GzipFile(fileobj=out, mode="wb", compresslevel=0, mtime=stamp) as wrapped:
+                        shutil.copyfileobj(tar, wrapped, CHUNK)
+                digest = "sha256:" + self._hash(path)
+                self.blobs[digest] = Blob(path.stat().st_size, path)
+                layers.append({"mediaType": LAYER_TYPE, "size": path.stat().st_size, "digest": digest})
+        self.layers = len(layers)
         self.manifest = json.dumps({
             "schemaVersion": 2, "mediaType": MANIFEST_TYPE,
             "config": {"mediaType": CONFIG_TYPE, "size": len(config), "digest": self.image_id},
@@ -82,13 +92,11 @@ class ArchiveRegistry:
         self.server: ThreadingHTTPServer | None = None
 
     @staticmethod
-    def _hash(raw, offset: int, size: int) -> str:
+    def _hash(path: Path) -> str:
         digest = hashlib.sha256()
-        raw.seek(offset)
-        while size:
-            chunk = raw.read(min(CHUNK, size))
-            digest.update(chunk)
-            size -= len(chunk)
+        with path.open("rb") as raw:
+            while chunk := raw.read(CHUNK):
+                digest.update(chunk)
         return digest.hexdigest()
 
     def start(self) -> int:
@@ -107,6 +115,7 @@ class ArchiveRegistry:
 
             def answer(self, body: bool) -> None:
                 parts = self.path.split("?")[0].split("/")
+                registry.asked.append(self.path)
                 if parts[:2] == ["", "v2"] and len(parts) == 3:
                     return self.send(200, "application/json", b"{}", body)
                 if len(parts) >= 5 and parts[-2] == "manifests":
@@ -128,7 +137,7 @@ class ArchiveRegistry:
 
             def send_blob(self, digest: str, body: bool) -> None:
                 blob = registry.blobs[digest]
-                if blob.offset < 0:
+                if blob.path is None:
                     return self.send(200, "application/octet-stream", blob.data, body, digest)
                 self.send_response(200)
                 self.send_header("Docker-Distribution-API-Version", "registry/2.0")
@@ -136,15 +145,9 @@ class ArchiveRegistry:
                 self.send_header("Content-Length", str(blob.size))
                 self.send_header("Docker-Content-Digest", digest)
                 self.end_headers()
-                if not body:
-                    return
-                with registry.archive.open("rb") as raw:
-                    raw.seek(blob.offset)
-                    left = blob.size
-                    while left:
-                        chunk = raw.read(min(CHUNK, left))
-                        self.wfile.write(chunk)
-                        left -= len(chunk)
+                if body:
+                    with blob.path.open("rb") as raw:
+                        shutil.copyfileobj(raw, self.wfile, CHUNK)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
