@@ -1,7 +1,8 @@
 """run, stop and doctor: read the settings, check them, then print or carry out the plan.
 
-Exit codes: 0 done, 1 failed (`glm53: ...`), 2 refused (`refused: ...`), 130 interrupted;
-the doctor's own codes are in launcher/doctor.py.
+Exit codes: 0 done, 1 failed (`glm53: ...`), 2 refused (`refused: ...`, or the one line of
+scripts/build.sh's refusal of the base), 130 interrupted; the doctor's own codes are in
+launcher/doctor.py.
 """
 
 from __future__ import annotations

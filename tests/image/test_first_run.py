@@ -77,7 +77,8 @@ class Head:
         meminfo = scratch / "meminfo"
         meminfo.write_text(f"MemAvailable: {50 << 20} kB\n")
         self.env = {
-            **{name: value for name, value in os.environ.items() if name not in ("GLM53_TAG_PREFIX", "BASE_LOCK")},
+            **{name: value for name, value in os.environ.items()
+               if name not in ("GLM53_TAG_PREFIX", "BASE_LOCK")},
             "NODES": f"127.0.0.1,{WORKER}", "IFACE": "lo", "HCA": "standin0", "SPEC": "off",
             "MODEL": str(scratch / "model"), "HF_CACHE": str(scratch / "hf"),
             "PORT": str(free_port()), "MASTER_PORT": str(free_port()),
@@ -123,34 +124,42 @@ def assert_nothing_built_or_started(result: subprocess.CompletedProcess) -> None
 def test_a_strict_lock_refuses_the_first_use_before_pulling(registry, session_prefix, tmp_path):
     served, port = registry
     head = fresh_head(tmp_path, session_prefix, "strict", port)
-    refused = head.run(BASE_LOCK="strict")
-    assert refused.returncode == 2, refused.stderr
-    assert refused.stderr == (
-        f"refused: BASE_LOCK=strict: recipe.lock records no image ID for {head.vendor} and "
-        "BASE_LOCK=strict records none on first use; check the image, then record it with "
-        "scripts/build.sh --accept-base (or commit the site's recipe.lock)\n")
-    assert not [path for path in served.asked if f"/{head.prefix}vendor/" in path], "a pull began"
-    assert image_id(head.vendor) is None
-    assert not head.lock.exists() and head.chain_ids() == dict.fromkeys(CHAIN)
-    assert_nothing_built_or_started(refused)
-    assert serve_containers("--all") == []
+    try:
+        refused = head.run(BASE_LOCK="strict")
+        assert refused.returncode == 2, refused.stderr
+        assert refused.stderr == (
+            f"refused: BASE_LOCK=strict: recipe.lock records no image ID for {head.vendor} and "
+            "BASE_LOCK=strict records none on first use; check the image, then record it with "
+            "scripts/build.sh --accept-base (or commit the site's recipe.lock)\n")
+        asked = [path for path in served.asked if f"/{head.prefix}vendor/" in path]
+        assert asked == [], "a pull began"
+        assert image_id(head.vendor) is None
+        assert not head.lock.exists() and head.chain_ids() == dict.fromkeys(CHAIN)
+        assert_nothing_built_or_started(refused)
+        assert serve_containers("--all") == []
+    finally:
+        head.stop()  # what a run that was not refused started
 
 
-def test_a_registry_out_of_reach_is_refused_in_one_line_naming_docker_load(registry, session_prefix,
-                                                                           tmp_path):
+def test_a_registry_out_of_reach_is_refused_in_one_line_naming_docker_load(
+        registry, session_prefix, tmp_path):
     head = fresh_head(tmp_path, session_prefix, "offline", free_port())  # nothing listens there
-    refused = head.run()
-    assert refused.returncode == 2, refused.stdout + refused.stderr
-    said = [line for line in refused.stderr.splitlines() if "tool environment" not in line]
-    assert len(said) == 1, refused.stderr
-    assert re.fullmatch(
-        rf"build\.sh: refused: {re.escape(head.vendor)} is not on this host and pulling it failed "
-        r"\(.*connection refused.*\); where its registry cannot be reached, docker load it from an "
-        r"archive \(docker save on a host that has it\), then run this again", said[0]), said[0]
-    assert image_id(head.vendor) is None and not head.lock.exists()
-    assert head.chain_ids() == dict.fromkeys(CHAIN)
-    assert_nothing_built_or_started(refused)
-    assert serve_containers("--all") == []
+    try:
+        refused = head.run()
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        said = [line for line in refused.stderr.splitlines() if "tool environment" not in line]
+        assert len(said) == 1, refused.stderr
+        assert re.fullmatch(
+            rf"build\.sh: refused: {re.escape(head.vendor)} is not on this host and pulling it "
+            r"failed \(.*connection refused.*\); where its registry cannot be reached, docker load "
+            r"it from an archive \(docker save on a host that has it\), then run this again",
+            said[0]), said[0]
+        assert image_id(head.vendor) is None and not head.lock.exists()
+        assert head.chain_ids() == dict.fromkeys(CHAIN)
+        assert_nothing_built_or_started(refused)
+        assert serve_containers("--all") == []
+    finally:
+        head.stop()
 
 
 @pytest.fixture(scope="module")
@@ -238,6 +247,7 @@ def test_a_moved_vendor_tag_is_refused_with_nothing_built_or_started(first_run, 
         assert head.chain_ids() == chain and image_id(head.vendor) == new
         assert serve_containers() == [] and serve_containers("--all") == [leftover]
     finally:
+        head.stop()  # the leftover, and what a run that was not refused started
         docker("rm", "--force", leftover, check=False)
         docker("tag", trusted, head.vendor)
         docker("rmi", new, check=False)

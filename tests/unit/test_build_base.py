@@ -34,7 +34,8 @@ class FakeEngine:
     """Images by reference; a pull tags PULLS_TO (an image ID) as the reference, or fails."""
 
     def __init__(self, images=None, pulls_to=NEW, fails="", digest=DIGEST):
-        self.images, self.pulls_to, self.fails, self.registry_digest = dict(images or {}), pulls_to, fails, digest
+        self.images, self.pulls_to, self.fails = dict(images or {}), pulls_to, fails
+        self.registry_digest = digest
         self.pulled, self.untagged = [], []
 
     def image_id(self, ref):
@@ -209,4 +210,5 @@ def test_pull_progress_says_each_quarter_of_a_layer_once():
     assert progress.summary() == "1 layers pulled (4.0 MB), 1 already here"
     # 12% says nothing; 25% a line; 97% one line for the 50% and 75% it crossed; 100% nothing.
     assert [line for line in lines if "downloading" in line] == [
-        "layer 222222222222: downloading, 1.0 of 4.0 MB", "layer 222222222222: downloading, 3.9 of 4.0 MB"]
+        "layer 222222222222: downloading, 1.0 of 4.0 MB",
+        "layer 222222222222: downloading, 3.9 of 4.0 MB"]

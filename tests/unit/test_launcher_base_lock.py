@@ -15,7 +15,15 @@ import pytest
 
 from recipekit.baselock import BaseLock
 from tests.checkout import copy_checkout
-from tests.unit.test_launcher_lifecycle import IMAGE, IMAGE_ID, calls, containers, make_cluster, serve, started
+from tests.unit.test_launcher_lifecycle import (
+    IMAGE,
+    IMAGE_ID,
+    calls,
+    containers,
+    make_cluster,
+    serve,
+    started,
+)
 
 VENDOR = "vllm/vllm-openai:glm53-flash-arm64-cu130"
 OLD = "sha256:" + "a" * 64
