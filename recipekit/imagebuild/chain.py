@@ -110,11 +110,11 @@ class Chain:
         """REF (the vendor image) pulled through the docker SDK, layer by layer: its image ID.
         Refused before the pull when the lock may not record it; exactly the recorded digest
         when the lock has one."""
+        if not self.args.accept_base and (why := self.lock.unrecorded(ref, "", self.lock_mode, self.vendor)):
+            raise BaseRefused(f"{ref}: {why}")
         if self.args.check:
             raise BaseRefused(f"base image {ref} is not on this host; scripts/build.sh without --check "
                               "pulls it")
-        if not self.args.accept_base and (why := self.lock.unrecorded(ref, "", self.lock_mode, self.vendor)):
-            raise BaseRefused(f"{ref}: {why}")
         trusted = self.lock.images.get(ref)
         digest = trusted.digest if trusted and not self.args.accept_base else ""
         self.steps += 1

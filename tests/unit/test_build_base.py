@@ -181,6 +181,8 @@ def test_check_records_nothing(recipe_copy, capsys):
     assert f"base: would record {VENDOR} as {OLD}" in capsys.readouterr().out
     with pytest.raises(chain.BaseRefused, match="without --check pulls it"):
         base_of(recipe_copy, FakeEngine(), "--check")
+    with pytest.raises(chain.BaseRefused, match="BASE_LOCK=strict records none"):
+        base_of(recipe_copy, FakeEngine(), "--check", "--base-lock", "strict")
 
 
 def test_another_base_is_checked_once_accepted_and_never_recorded_on_its_own(recipe_copy):
