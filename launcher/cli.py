@@ -1,7 +1,8 @@
 """run, stop and doctor: read the settings, check them, then print or carry out the plan.
 
-Exit codes: 0 done, 1 failed (`glm53: ...`), 2 refused (`refused: ...`), 130 interrupted;
-the doctor's own codes are in launcher/doctor.py.
+Exit codes: 0 done, 1 failed (`glm53: ...`), 2 refused (`refused: ...`, or the one line of
+scripts/build.sh's refusal of the base), 130 interrupted; the doctor's own codes are in
+launcher/doctor.py.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import sys
 from pathlib import Path
 
 from launcher import checks
-from launcher.settings import Failed, Refused, resolve
+from launcher.settings import Failed, Refused, RefusedAbove, resolve
 from recipekit import recipe
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,6 +49,8 @@ def main(argv: list[str]) -> int:
         return 64
     except Refused as refused:
         print(refused.line, file=sys.stderr)
+        return 2
+    except RefusedAbove:
         return 2
     except Failed as failed:
         print(f"glm53: {failed}", file=sys.stderr)

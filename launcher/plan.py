@@ -21,6 +21,10 @@ from launcher.checks import Checked, image_switches
 from launcher.drafter import cksum
 from launcher.remote import Nodes
 from launcher.settings import profile_default
+from recipekit import baselock, recipe
+
+# The base images the host trusted (recipekit/baselock.py), beside the recipe run.sh reads.
+LOCK_FILE = baselock.lock_path(recipe.RECIPE_PATH)
 
 SERVE_LABEL = "glm53.launcher=serve"
 TOOL_LABEL = "glm53.launcher=tool"
@@ -457,7 +461,7 @@ def chain_layer(launch: Launch) -> str:
 
 def build_argv(root: Path, launch: Launch) -> list[str]:
     return [str(root / "scripts" / "build.sh"), "--base", launch["BASE_IMAGE"],
-            "--to", chain_layer(launch)]
+            "--to", chain_layer(launch), "--base-lock", launch["BASE_LOCK"]]
 
 
 def meter_argv(label: str, size: str, pv: bool, launcher_dir: Path) -> list[str]:

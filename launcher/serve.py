@@ -18,7 +18,8 @@ from pathlib import Path
 from launcher import memguard, pins, plan, preflight, steps
 from launcher.checks import Checked
 from launcher.remote import Nodes
-from launcher.settings import Failed, refusal
+from launcher.settings import Failed, Refused, RefusedAbove, refusal
+from recipekit import baselock
 
 PROGRESS_EVERY_SECONDS = 30
 LOG_TAIL_LINES = 40
@@ -111,6 +112,8 @@ class Serving:
         say(plan.startup_line(self.plan.launch, phrase))
         signal.signal(signal.SIGTERM, _interrupted)
         try:
+            # An earlier run's exited ranks were kept for their logs until nothing can refuse.
+            stop_all_ranks(self.nodes)
             self.start_ranks()
             self.start_memory_guard()
             self.wait_until_ready()
@@ -126,7 +129,8 @@ class Serving:
     # ------------------------------------------------------------------ before the ranks
 
     def check_no_running_ranks(self) -> None:
-        """Refuses to start over a cluster that is already up, and clears exited leftovers."""
+        """Refuses to start over a cluster that is already up (exited leftovers stay until the
+        ranks start, so that a run refused before then leaves every container as it was)."""
         for index, node in enumerate(self.nodes.addresses):
             listed = self.nodes.run(index, plan.running_ranks_argv(), capture=True)
             if listed.returncode != 0:
@@ -134,7 +138,6 @@ class Serving:
             names = listed.stdout.split()
             if names:
                 raise Failed(f"already running on {node}: {' '.join(names)}; run ./stop.sh first")
-        stop_all_ranks(self.nodes)
 
     def prepare_nodes(self) -> None:
         """Every node needs the cache directory (a bind mount's source must exist) and, when
@@ -182,23 +185,39 @@ class Serving:
         found = self.nodes.output(index, plan.image_id_argv(image))
         return found if found and found.startswith("sha256:") else ""
 
+    def check_base(self, building: bool) -> None:
+        """BASE_IMAGE on the head against recipe.lock, before anything is built or started: a
+        tag that now names another image than the lock's is refused; so is, under
+        BASE_LOCK=strict, a vendor image the lock does not hold when the chain is to be built
+        from it (refused before it is pulled)."""
+        base, vendor = self["BASE_IMAGE"], self.checked.recipe.knobs["BASE_IMAGE"].default
+        try:
+            lock = baselock.BaseLock.read(plan.LOCK_FILE)
+        except baselock.LockError as error:
+            raise Refused(f"refused: {error}") from None
+        base_id = self.image_id_on(0, base)
+        if why := lock.moved(base, base_id, vendor):
+            raise refusal("BASE_IMAGE", base, why)
+        if building and base == vendor and (why := lock.unrecorded(base, base_id, self["BASE_LOCK"],
+                                                                     vendor)):
+            raise refusal("BASE_LOCK", self["BASE_LOCK"], why)
+
     def build_chain_on_head(self) -> None:
+        """scripts/build.sh builds the chain (pulling the vendor image when missing, recording
+        it in recipe.lock on first use); its refusal of the base is this run's, in its line."""
         image, base = self["IMAGE"], self["BASE_IMAGE"]
         chain = self.plan.chain_image
         if image != chain:
             raise refusal("IMAGE", image, f"not on the head, and scripts/build.sh builds {chain} "
                           f"only; accepted: an image present on the head, or {chain}")
-        if not self.image_id_on(0, base):
-            vendor = self.checked.recipe.knobs["BASE_IMAGE"].default
-            raise refusal("BASE_IMAGE", base, f"not on the head, so {chain} cannot be built; "
-                          "docker pull or docker load it (the vendor image the chain starts "
-                          f"from is {vendor}), or set BASE_IMAGE to a base you have (passed to "
-                          "scripts/build.sh --base)")
         build = self.plan.build
         if not os.access(build[0], os.X_OK):
             raise Failed(f"{image} is missing and {build[0]} is not there to build it")
         say(f"{image} is not on the head: building the image chain from {base}")
-        if subprocess.run(build, check=False).returncode != 0:
+        built = subprocess.run(build, check=False).returncode
+        if built == baselock.BASE_REFUSED_EXIT:
+            raise RefusedAbove()
+        if built != 0:
             raise Failed("scripts/build.sh failed; nothing was started")
 
     def stream_image_to(self, index: int) -> None:
@@ -222,6 +241,7 @@ class Serving:
         missing, streamed from the head to a worker that lacks it."""
         image = self["IMAGE"]
         head_id = self.image_id_on(0, image)
+        self.check_base(building=not head_id)
         if not head_id:
             self.build_chain_on_head()
             head_id = self.image_id_on(0, image)

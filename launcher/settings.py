@@ -25,6 +25,10 @@ class Refused(Exception):
         self.line = line
 
 
+class RefusedAbove(Exception):
+    """A refusal a tool the launcher ran has printed already, in its one line: exit 2."""
+
+
 class Failed(Exception):
     """The launcher could not do what it was asked: `glm53: <message>`, exit 1."""
 

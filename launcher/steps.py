@@ -11,6 +11,7 @@ import shutil
 from dataclasses import dataclass, field
 
 from launcher import memguard, plan, preflight
+from recipekit import baselock
 from launcher.plan import UNPINNED, Launch, Plan
 from launcher.remote import Nodes
 from launcher.words import quote
@@ -43,12 +44,11 @@ def _each_node(launch: Launch):
     return range(len(launch.nodes.addresses))
 
 
-def running_check(launch: Launch) -> list[Step]:
-    step = Step(f"refuse if a {plan.SERVE_LABEL} container is running on any node; then remove "
-                "exited ones")
+def running_check(launch: Launch) -> Step:
+    step = Step(f"refuse if a {plan.SERVE_LABEL} container is running on any node")
     for index in _each_node(launch):
         step.on(index, plan.running_ranks_argv())
-    return [step, *stop_steps(launch.nodes, comment=None)]
+    return step
 
 
 def stop_steps(nodes: Nodes, comment: str | None) -> list[Step]:
@@ -84,15 +84,25 @@ def boot_memory(launch: Launch) -> list[Step]:
 
 def images(the_plan: Plan, pv: bool) -> list[Step]:
     launch = the_plan.launch
-    image, base = launch["IMAGE"], launch["BASE_IMAGE"]
+    image, base, lock = launch["IMAGE"], launch["BASE_IMAGE"], plan.LOCK_FILE
+    vendor = launch.recipe.knobs["BASE_IMAGE"].default
+    strict = (f"; with {image} missing, refused too while {lock.name} holds none for it "
+              "(BASE_LOCK=strict)" if launch["BASE_LOCK"] == baselock.STRICT and base == vendor
+              else "")
+    first_use = (f"; BASE_LOCK=first-use: it records its ID in {lock.name} on first use"
+                 if launch["BASE_LOCK"] == baselock.FIRST_USE and base == vendor else "")
     steps = [Step(f"image: {image} must exist on the head (built by scripts/build.sh from {base} "
                   "when missing) and have the head's ID on every worker (streamed when missing)")
              .on(0, plan.image_id_argv(image)),
-             Step(f"only when {image} is missing on the head:")
-             .on(0, plan.image_id_argv(base)).on(0, the_plan.build)]
+             Step(f"base: refused when {lock} records another image ID for {base} than its tag "
+                  f"names here{strict}").on(0, plan.image_id_argv(base)),
+             Step(f"only when {image} is missing on the head (scripts/build.sh pulls {base} "
+                  f"through the docker SDK when it is missing too{first_use}):")
+             .on(0, the_plan.build)]
     for index in range(1, len(launch.nodes.addresses)):
         node = launch.nodes.addresses[index]
-        steps[-1].on(index, plan.image_id_argv(image))
+        steps.append(Step(f"{node}: {image} with the head's image ID")
+                     .on(index, plan.image_id_argv(image)))
         meter = plan.meter_argv(f"{image} to {node}", "<image-bytes>", pv,
                                 the_plan.root / "launcher")
         steps.append(Step(f"only when {image} is missing on {node}:", [Pipeline((
@@ -150,6 +160,8 @@ def memory_guard(launch: Launch) -> list[Step]:
 
 def ranks(the_plan: Plan) -> list[Step]:
     launch = the_plan.launch
+    leftovers = stop_steps(launch.nodes, "remove the exited serve containers an earlier run left "
+                                         "(kept for their logs until nothing can refuse)")
     start = Step("start one rank per node, head first")
     for rank in the_plan.ranks:
         start.on(rank.rank, rank.docker_argv())
@@ -163,13 +175,13 @@ def ranks(the_plan: Plan) -> list[Step]:
     wait.on(0, plan.api_probe_argv(launch["PORT"], launch["READY_CHECK"]))
     for index in _each_node(launch):
         wait.on(index, plan.container_status_argv(index))
-    return [start, *memory_guard(launch), wait]
+    return [*leftovers, start, *memory_guard(launch), wait]
 
 
 def run_steps(the_plan: Plan) -> list[Step]:
     """Every step of a run, in order; the first is the start-up line."""
     launch, pv = the_plan.launch, shutil.which("pv") is not None
-    return [Step("glm53: " + the_plan.startup_line), *running_check(launch),
+    return [Step("glm53: " + the_plan.startup_line), running_check(launch),
             prepare_nodes(launch), *boot_memory(launch), *images(the_plan, pv), *jit_cache(launch),
             *pins_and_drafter(the_plan), *ranks(the_plan)]
 

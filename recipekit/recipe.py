@@ -7,7 +7,6 @@ RecipeError naming the knob and the field.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -96,22 +95,10 @@ class Recipe:
     profiles: dict[str, Profile]
     sources: dict[str, Source]
     pins: dict[str, tuple[str, str]]  # repo id -> (revision, source key)
-    image_pins: dict[str, tuple[str, str]]  # image reference -> (accepted image ID, source key)
     docker_options: tuple[str, ...]
     docker_why: str
     fixed_flags: dict[str, Fixed] = field(default_factory=dict)
     fixed_env: dict[str, Fixed] = field(default_factory=dict)
-
-    def image_pin_refusal(self, ref: str, image_id: str) -> str:
-        """Why the base REF, pinned in [pins], is not IMAGE_ID (the image accepted there), or ""."""
-        pinned = self.image_pins.get(ref, (image_id,))[0]
-        if not pinned:
-            return (f"no image ID accepted yet, and {ref} here is {image_id}; check it is the image "
-                    "to patch, then run scripts/build.sh --accept-base")
-        if pinned != image_id:
-            return (f"image_id {pinned}, but the tag now names {image_id} (it moved); check what "
-                    "changed, then accept it with scripts/build.sh --accept-base")
-        return ""
 
     def flag_owners(self) -> dict[str, str]:
         """Every `vllm serve` flag the launcher sets -> the knob names that set it, or ""
@@ -231,50 +218,18 @@ def parse(data: dict) -> Recipe:
     return Recipe(
         name=data["recipe"]["name"], chain_prefix=data["recipe"]["chain_prefix"],
         knobs=knobs, profiles=profiles, sources=sources,
-        pins={repo: (entry["revision"], entry["source"]) for repo, entry in data["pins"].items()
-              if "image_id" not in entry},
-        image_pins={ref: (_image_id(ref, entry["image_id"]), entry["source"])
-                    for ref, entry in data["pins"].items() if "image_id" in entry},
+        pins={repo: _pin(repo, entry) for repo, entry in data["pins"].items()},
         docker_options=_words(fixed["docker"]["options"], "[fixed.docker] options"),
         docker_why=fixed["docker"]["why"],
         fixed_flags=_fixed("flags", fixed["flags"]), fixed_env=_fixed("env", fixed["env"]),
     )
 
 
-IMAGE_ID = re.compile(r"sha256:[0-9a-f]{64}")
-
-
-def _image_id(ref: str, value) -> str:
-    if value != "" and not (isinstance(value, str) and IMAGE_ID.fullmatch(value)):
-        raise RecipeError(f"recipe.toml: [pins] \"{ref}\" image_id = {value!r}: write \"\" (none "
-                          "accepted yet) or sha256:<64 hex>, as scripts/build.sh --accept-base does")
-    return value
-
-
-def accept_image_pin(path: Path, ref: str, image_id: str) -> None:
-    """Record IMAGE_ID as REF's pin in PATH's [pins]: its `image_id` line is rewritten in place
-    (the rest of the file is left as it is), or a line is added at the end of [pins]."""
-    if not IMAGE_ID.fullmatch(image_id):
-        raise RecipeError(f"{path}: {image_id!r} is not an image ID (sha256:<64 hex>)")
-    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-    key = f'"{ref}" = '
-    try:
-        start = lines.index("[pins]\n") + 1
-    except ValueError:
-        raise RecipeError(f"{path}: no [pins] table to record {ref} in") from None
-    end = next((i for i in range(start, len(lines)) if lines[i].startswith("[")), len(lines))
-    entry = f'{key}{{ image_id = "{image_id}", source = "site" }}\n'
-    for index in range(start, end):
-        if lines[index].startswith(key):
-            entry = re.sub(r'image_id = "[^"]*"', f'image_id = "{image_id}"', lines[index])
-            lines[index] = entry
-            break
-    else:
-        last = max((i for i in range(start, end) if lines[i].strip() and not lines[i].startswith("#")),
-                   default=start - 1)
-        lines.insert(last + 1, entry)
-    path.write_text("".join(lines), encoding="utf-8")
-    _LOADED.pop(path, None)
+def _pin(repo: str, entry: dict) -> tuple[str, str]:
+    if "revision" not in entry:
+        raise RecipeError(f"recipe.toml: [pins] \"{repo}\" has no `revision`: [pins] holds checkpoint "
+                          "commits; base images are trusted by image ID in recipe.lock (docs/images.md)")
+    return entry["revision"], entry["source"]
 
 
 _LOADED: dict[Path, Recipe] = {}

@@ -12,8 +12,10 @@ import time
 from pathlib import Path
 
 from recipekit import recipe as recipe_file
+from recipekit import baselock
+from recipekit.baselock import BaseLock, LockError, lock_path, shown
 from recipekit.imagebuild import inputs
-from recipekit.imagebuild.engine import BuildFailed, Engine
+from recipekit.imagebuild.engine import BuildFailed, Engine, PullFailed, PullProgress
 from recipekit.imagebuild.inputs import BUILD_DIR, BuildError, Context, relative
 from recipekit.layers import LAYERS
 
@@ -23,6 +25,11 @@ RECORD_FIELDS = ("layer", "outcome", "files", "reason", "vllm_root", "python", "
 
 class Refused(BuildError):  # a layer refused (its reason is in the log): exit 3
     pass
+
+
+class BaseRefused(BuildError):
+    """The base refused before anything was built or tagged (not here and not pullable, moved
+    since recipe.lock recorded it, not recorded under BASE_LOCK=strict): one line, exit 4."""
 
 
 def say(message: str) -> None:
@@ -44,7 +51,11 @@ def arguments(argv: list[str]) -> argparse.Namespace:
     add("--tag-prefix", default=os.environ.get("GLM53_TAG_PREFIX", ""), help="put every tag under PREFIX "
         "(also $GLM53_TAG_PREFIX), e.g. test-1- gives test-1-glm53-sm121-v9; tests use it")
     add("--verbose", action="store_true", help="stream the builder's output (always in build/logs/LAYER.log)")
-    add("--accept-base", action="store_true", help="record the base's image ID as its pin in [pins]")
+    add("--accept-base", action="store_true", help="record the base's current image ID in recipe.lock "
+        "(beside --recipe), replacing the one it held")
+    add("--base-lock", choices=(baselock.FIRST_USE, baselock.STRICT), help="first-use: the first build "
+        "records the vendor image in recipe.lock; strict: it is refused until recorded (default: "
+        "$BASE_LOCK, else recipe.toml's BASE_LOCK; run.sh passes its setting)")
     add("--recipe", type=Path, default=recipe_file.RECIPE_PATH, help="the recipe (default: recipe.toml)")
     args = parser.parse_args(argv)
     if LAYERS.index(args.first) > LAYERS.index(args.last):
@@ -56,13 +67,22 @@ def arguments(argv: list[str]) -> argparse.Namespace:
 
 
 class Chain:
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, engine: Engine | None = None) -> None:
         self.args = args
         self.recipe = recipe_file.load(args.recipe)
         self.layers = LAYERS[LAYERS.index(args.first):LAYERS.index(args.last) + 1]
         self.vendor = self.recipe.knobs["BASE_IMAGE"].default
+        lock_knob = self.recipe.knobs["BASE_LOCK"]
+        self.lock_mode = args.base_lock or os.environ.get("BASE_LOCK") or lock_knob.default
+        if self.lock_mode not in lock_knob.choices:
+            raise BuildError(f"BASE_LOCK={self.lock_mode}: accepted: {' | '.join(lock_knob.choices)}")
+        try:
+            self.lock = BaseLock.read(lock_path(args.recipe))
+        except LockError as error:
+            raise BaseRefused(str(error)) from None
         packages = [layer for layer in self.layers if inputs.packages_file(layer).is_file()]
-        self.steps, self.step, self.engine = 4 + len(self.layers) + len(packages), 0, Engine()
+        self.steps, self.step = 4 + len(self.layers) + len(packages), 0
+        self.engine = engine or Engine()
 
     def tag(self, layer: str) -> str:
         return f"{self.args.tag_prefix}{self.recipe.chain_prefix}{layer}"
@@ -72,26 +92,69 @@ class Chain:
         print(f"build.sh [{self.step}/{self.steps}] {message}", flush=True)
 
     def base(self) -> tuple[str, str]:
-        """The first layer's base: (reference, image ID)."""
+        """The first layer's base, checked against recipe.lock: (reference, image ID). The vendor
+        image is pulled when missing; on its first use its ID is recorded in the lock."""
         index = LAYERS.index(self.args.first)
         ref = self.args.base or (self.tag(LAYERS[index - 1]) if index else self.vendor)
         if found := self.engine.image_id(ref):
-            return ref, found
+            return ref, self.trust(ref, found)
         if ref == self.vendor:
-            why = f"get the vendor image (docker pull {ref}, or docker load) or pass --base IMAGE"
-        elif index == 0:
+            return ref, self.trust(ref, self.pull(ref), pulled=True)
+        if index == 0:
             why = f"pass an image this host has with --base (default: the vendor image {self.vendor})"
         else:
             why = f"build it first (scripts/build.sh --to {LAYERS[index - 1]}) or pass --base IMAGE"
-        raise BuildError(f"base image {ref} not found; {why}")
+        raise BaseRefused(f"base image {ref} not found; {why}")
 
-    def check_pin(self, ref: str, base_id: str) -> None:
-        where = f"{relative(self.args.recipe)} [pins] \"{ref}\""
+    def pull(self, ref: str) -> str:
+        """REF (the vendor image) pulled through the docker SDK, layer by layer: its image ID.
+        Refused before the pull when the lock may not record it; exactly the recorded digest
+        when the lock has one."""
+        if not self.args.accept_base and (why := self.lock.unrecorded(ref, "", self.lock_mode, self.vendor)):
+            raise BaseRefused(f"{ref}: {why}")
+        if self.args.check:
+            raise BaseRefused(f"base image {ref} is not on this host; scripts/build.sh without --check "
+                              "pulls it")
+        trusted = self.lock.images.get(ref)
+        digest = trusted.digest if trusted and not self.args.accept_base else ""
+        self.steps += 1
+        self.progress(f"base: {ref} is not on this host: pulling it" + (f" at {digest} (recipe.lock)" if digest else ""))
+        started, progress = time.monotonic(), PullProgress(lambda line: print(f"  {line}", flush=True))
+        try:
+            image_id = self.engine.pull(ref, progress, digest)
+        except PullFailed as error:
+            raise BaseRefused(f"{ref} is not on this host and pulling it failed ({error}); where its "
+                              "registry cannot be reached, docker load it from an archive (docker save "
+                              "on a host that has it), then run this again") from None
+        self.progress(f"base: pulled {ref} ({image_id[7:19]}): {progress.summary()} in "
+                      f"{time.monotonic() - started:.0f} s", False)
+        return image_id
+
+    def trust(self, ref: str, image_id: str, pulled: bool = False) -> str:
+        """IMAGE_ID, once recipe.lock trusts it for REF: --accept-base records it; a moved tag is
+        refused (an image this run pulled is removed again, so the host keeps what it had);
+        the vendor image's first use is recorded (BASE_LOCK=strict: refused)."""
+        where = shown(self.lock.path)
         if self.args.accept_base:
-            recipe_file.accept_image_pin(self.args.recipe, ref, base_id)
-            say(f"accepted {ref} = {base_id} in {where}; commit it with the build")
-        elif refusal := self.recipe.image_pin_refusal(ref, base_id):
-            raise BuildError(f"{where}: {refusal}")
+            self.lock.record(ref, image_id, self.engine.digest(ref), "accepted")
+            say(f"accepted {ref} as {image_id} in {where}; later builds and ./run.sh hold the tag to it")
+            return image_id
+        vendor = ref == self.vendor
+        why = self.lock.moved(ref, image_id, self.vendor) or (
+            self.lock.unrecorded(ref, image_id, self.lock_mode, self.vendor) if vendor else "")
+        if why:
+            if pulled:
+                self.engine.untag(ref)
+            raise BaseRefused(f"{ref}: {why}")
+        if vendor and ref not in self.lock.images:
+            if self.args.check:
+                self.progress(f"base: would record {ref} as {image_id} in {where} (first use)", False)
+            else:
+                digest = self.engine.digest(ref)
+                self.lock.record(ref, image_id, digest, "first use")
+                say(f"recorded {ref} as {image_id}{f' (digest {digest})' if digest else ''} in {where} on "
+                    "first use; a later build or ./run.sh refuses the tag once it names another image")
+        return image_id
 
     def facts(self, ref: str, base_id: str) -> inputs.BaseFacts:
         cache = BUILD_DIR / "probe" / base_id.removeprefix("sha256:")
@@ -189,7 +252,6 @@ class Chain:
 
     def run(self) -> int:
         ref, base_id = self.base()
-        self.check_pin(ref, base_id)
         contexts = self.prepare(ref, base_id)
         summary, pending, base_ref = [], "", ref
         for layer in self.layers:
@@ -255,6 +317,9 @@ def main(argv: list[str]) -> int:
                 say(f"waiting for another scripts/build.sh in this checkout ({relative(BUILD_DIR / '.lock')})")
                 fcntl.flock(lock, fcntl.LOCK_EX)
             return Chain(args).run()
-    except (BuildError, recipe_file.RecipeError) as error:
+    except BaseRefused as refused:
+        print(f"build.sh: refused: {refused}", file=sys.stderr)
+        return baselock.BASE_REFUSED_EXIT
+    except (BuildError, LockError, recipe_file.RecipeError) as error:
         print(f"build.sh: error: {error}", file=sys.stderr)
         return 1

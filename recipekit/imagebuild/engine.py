@@ -1,5 +1,5 @@
-"""The Docker engine, through the docker SDK: classic-builder builds with their progress
-stream, throwaway containers (the base's probe, a layer's record), labels and tags."""
+"""The Docker engine, through the docker SDK: pulls and classic-builder builds with their
+progress streams, throwaway containers (the base's probe, a layer's record), labels and tags."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import docker
 from docker.errors import APIError, ContainerError, DockerException, ImageNotFound
+from docker.utils import parse_repository_tag
 
 from recipekit.imagebuild.inputs import BuildError
 
@@ -42,6 +43,32 @@ class Engine:
 
     def image_id(self, ref: str) -> str:
         return (self.inspect(ref) or {}).get("Id", "")
+
+    def digest(self, ref: str) -> str:
+        """REF's registry digest in its own repository (sha256:...), or "" (a loaded or built image)."""
+        repository = parse_repository_tag(ref)[0]
+        for entry in (self.inspect(ref) or {}).get("RepoDigests") or []:
+            name, _, digest = entry.rpartition("@")
+            if name == repository:
+                return digest
+        return ""
+
+    def pull(self, ref: str, show, digest: str = "") -> str:
+        """REF pulled from its registry (exactly DIGEST, then tagged REF, when given), every
+        progress event handed to SHOW: its image ID. PullFailed says why it could not be."""
+        repository, tag = parse_repository_tag(ref)
+        try:
+            for event in self.api.pull(repository, tag=digest or tag or "latest", stream=True, decode=True):
+                if "error" in event:
+                    raise PullFailed(event["error"])
+                show(event)
+            if digest:
+                self.api.tag(f"{repository}@{digest}", repository, tag or "latest")
+        except DockerException as error:
+            raise PullFailed(getattr(error, "explanation", None) or str(error)) from None
+        if not (found := self.image_id(ref)):
+            raise PullFailed("the engine reported no error, but the image is not there after the pull")
+        return found
 
     def labels(self, ref: str) -> dict[str, str]:
         return (self.inspect(ref) or {"Config": {}})["Config"].get("Labels") or {}
@@ -87,6 +114,56 @@ class Engine:
 
 class BuildFailed(BuildError):
     """The builder's error (the log holds the rest)."""
+
+
+class PullFailed(Exception):
+    """Why the engine could not pull an image (its message, first line)."""
+
+    def __init__(self, why: str):
+        super().__init__(" ".join(str(why).split())[:240])
+
+
+class PullProgress:
+    """A pull's progress, layer by layer, as lines for SAY: a layer already here, each quarter
+    of a layer's download, a layer downloaded, a layer extracted; then totals (summary())."""
+
+    QUARTERS = (25, 50, 75)
+
+    def __init__(self, say) -> None:
+        # Per layer to pull: its size, the last quarter shown; the layers extracted, and the
+        # layers the engine already had (those are never pulled).
+        self.say, self.sizes, self.shown, self.done, self.here = say, {}, {}, set(), set()
+
+    def __call__(self, event: dict) -> None:
+        layer, status = event.get("id", ""), event.get("status", "")
+        detail = event.get("progressDetail") or {}
+        if not layer or status.startswith("Pulling from"):
+            return
+        if status == "Pulling fs layer":
+            self.sizes.setdefault(layer, 0)
+        elif status == "Already exists":
+            self.here.add(layer)
+            self.say(f"layer {layer}: already here")
+        elif status == "Downloading" and detail.get("total"):
+            self.sizes[layer] = total = detail["total"]
+            percent = 100 * detail.get("current", 0) // total
+            crossed = [mark for mark in self.QUARTERS if percent >= mark > self.shown.get(layer, 0)]
+            if crossed:
+                self.shown[layer] = crossed[-1]
+                self.say(f"layer {layer}: downloading, {_mb(detail.get('current', 0))} of {_mb(total)} MB")
+        elif status == "Download complete":
+            self.say(f"layer {layer}: downloaded ({_mb(self.sizes.get(layer, 0))} MB)")
+        elif status == "Pull complete":
+            self.done.add(layer)
+            self.say(f"layer {layer}: extracted ({len(self.done)} of {len(self.sizes)} layers to pull)")
+
+    def summary(self) -> str:
+        return (f"{len(self.sizes)} layers pulled ({_mb(sum(self.sizes.values()))} MB), "
+                f"{len(self.here)} already here")
+
+
+def _mb(count: int) -> str:
+    return f"{count / 1e6:.1f}"
 
 
 def _quoted(value: str) -> str:

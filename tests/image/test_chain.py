@@ -12,6 +12,7 @@ import sys
 import tarfile
 from pathlib import Path
 
+from recipekit.baselock import BaseLock
 from tests.image.imagetools import FULL_CHAIN, LAYERS, REPO_ROOT, docker, image_id, labels, run_build
 
 PATCH_LAYER = REPO_ROOT / "scripts" / "patch-layer"
@@ -288,7 +289,7 @@ def test_drifted_standin_fails_at_that_layer_and_leaves_it_untagged(
 def test_missing_base_is_refused_by_name(session_prefix):
     prefix = session_prefix("nobase")
     run = run_build(prefix, "--base", "glm53-no-such-base:none")
-    assert run.returncode == 1
+    assert run.returncode == 4
     assert "base image glm53-no-such-base:none not found" in run.output
     assert all(image_id(tag(prefix, layer)) is None for layer in LAYERS)
 
@@ -361,28 +362,30 @@ def test_the_serving_image_holds_the_pins_and_every_v8_change(chain_fork):
 
 
 def test_a_base_whose_tag_moved_is_refused_until_accepted(standin, session_prefix, tmp_path):
-    """recipe.toml's [pins] holds the base's image ID; a tag that now names another image is
-    refused in one line, and --accept-base records the new ID (here in a copy of the recipe)."""
+    """recipe.lock (beside the recipe) holds the base's image ID; a tag that now names another
+    image is refused in one line, and --accept-base rewrites the lock, never the recipe."""
     prefix = session_prefix("pin")
     base = f"{prefix}vendor:tag"
     docker("tag", standin("0.30.0"), base)
     accepted_before = image_id(standin("0.27.1"))  # what the tag named when it was accepted
     recipe = tmp_path / "recipe.toml"
-    recipe.write_text((REPO_ROOT / "recipe.toml").read_text().replace(
-        "[pins]\n", f'[pins]\n"{base}" = {{ image_id = "{accepted_before}", source = "site" }}\n', 1))
+    recipe.write_text((REPO_ROOT / "recipe.toml").read_text())
+    lock = BaseLock.read(tmp_path / "recipe.lock")
+    lock.record(base, accepted_before, "", "accepted")
     args = ("--from", "v9", "--base", base, "--check", "--recipe", str(recipe))
     moved = run_build(prefix, *args)
-    assert moved.returncode == 1, moved.output
-    errors = [line for line in moved.output.splitlines() if line.startswith("build.sh: error:")]
-    assert errors == [
-        f'build.sh: error: {recipe} [pins] "{base}": image_id {accepted_before}, but the tag now '
-        f"names {image_id(base)} (it moved); check what changed, then accept it with "
-        "scripts/build.sh --accept-base"
+    assert moved.returncode == 4, moved.output
+    refusals = [line for line in moved.output.splitlines() if line.startswith("build.sh: refused:")]
+    assert refusals == [
+        f"build.sh: refused: {base}: {tmp_path / 'recipe.lock'} records {accepted_before}, but the "
+        f"tag now names {image_id(base)} (it moved); check what changed, then accept it with "
+        f"scripts/build.sh --accept-base --base {base}"
     ]
     assert "would build" not in moved.output
     accepted = run_build(prefix, *args, "--accept-base")
     assert accepted.returncode == 0, accepted.output
-    assert f'"{base}" = {{ image_id = "{image_id(base)}", source = "site" }}' in recipe.read_text()
+    assert BaseLock.read(tmp_path / "recipe.lock").images[base].image_id == image_id(base)
+    assert recipe.read_text() == (REPO_ROOT / "recipe.toml").read_text()
     again = run_build(prefix, *args)
     assert again.returncode == 0, again.output
     assert f"v9: would build {tag(prefix, 'v9')} on {base}" in again.output

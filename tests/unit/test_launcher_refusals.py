@@ -183,6 +183,7 @@ REFUSALS = [
      ("IMAGE=registry.example:5000/lab/glm53-sm121-v10:rc1: image v10 predates layer v13, "
       f"which reads ADAPTIVE_VERIFY=1: {OLD_IMAGE_WHY}")),
     ({"BASE_IMAGE": "base;rm"}, "BASE_IMAGE=base;rm: accepted: a Docker image reference"),
+    ({"BASE_LOCK": "tofu"}, "BASE_LOCK=tofu: accepted: first-use | strict"),
     ({"FORCE_STOCK_IMAGE": "y"}, "FORCE_STOCK_IMAGE=y: accepted: 0 | 1"),
     ({"KPOOL_TAIL_FIX": "yes"}, "KPOOL_TAIL_FIX=yes: accepted: 0 | 1"),
     ({"KPOOL_TAIL_FIX": "1", "NUM_SPECULATIVE_TOKENS": "7", "BLOCK_SIZE": "2312"},

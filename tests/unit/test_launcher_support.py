@@ -61,10 +61,12 @@ def launcher_env(tmp_path, nodes=2, **settings):
     return env
 
 
-def run(tmp_path, script="run.sh", nodes=2, **settings):
+def run(tmp_path, script="run.sh", nodes=2, root=REPO, **settings):
+    """SCRIPT of the checkout at ROOT (this one, or a copy: tests/checkout.py) in the sealed
+    environment."""
     try:
         return subprocess.run(
-            [str(REPO / script)], env=launcher_env(tmp_path, nodes, **settings),
+            [str(root / script)], env=launcher_env(tmp_path, nodes, **settings),
             capture_output=True, text=True, timeout=HANG_GUARD_S, cwd=tmp_path, check=False,
         )
     except subprocess.TimeoutExpired as hung:
