@@ -27,6 +27,7 @@ import json
 import math
 import os
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -354,7 +355,7 @@ def compare_report_figure(doc: dict, folder: Path) -> Figure:
     for boot in COMPARE_BOOTS:
         ax, path = axes[boot], folder / "boots" / boot / "bench.json"
         if path.is_file():
-            draw_speed(ax, _load_bench(str(path)), "per_stream_tok_s", f"{boot}: per-stream tok/s")
+            draw_speed(ax, _load_bench(str(path)), "per_stream_tok_s", f"{boot}, per-stream tok/s")
         else:
             ax.set_title(f"{boot}: per-stream tok/s")
             _nothing(ax, "not measured")
@@ -365,12 +366,12 @@ def compare_report_figure(doc: dict, folder: Path) -> Figure:
     if gate.is_file():
         quality = _load_quality(str(gate))
         draw_quality(axes["kl"], axes["means"], quality)
-        axes["kl"].annotate(_quality_title(quality, "candidate"), (0.0, 1.08),
-                            xycoords="axes fraction", fontsize="large")
+        axes["kl"].set_title(f"{_quality_title(quality, 'candidate')}\n"
+                             f"{axes['kl'].get_title()}")
     else:
         _nothing(axes["kl"], "no gate: the candidate was not measured")
         axes["means"].set_axis_off()
-    verdict = (doc.get("verdict") or {}).get("line", "no verdict yet")
+    verdict = textwrap.fill((doc.get("verdict") or {}).get("line", "no verdict yet"), 160)
     fig.suptitle(f"{doc['candidate']['words'] or 'the environment'} against "
                  f"{doc['reference']['words'] or 'the environment'}\n{verdict}")
     return fig

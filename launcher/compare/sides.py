@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +15,6 @@ from pathlib import Path
 from launcher import cli
 from launcher.checks import Checked
 from launcher.settings import Refused, resolve
-from launcher.words import split
 from recipekit import recipe
 from recipekit.recipe import Recipe
 
@@ -58,7 +58,12 @@ def parse_words(role: str, text: str, recipe: Recipe) -> dict[str, str]:
     """NAME -> VALUE of a side's words; a word without '=' must be a profile's name."""
     assigned: dict[str, str] = {}
     profiles = " | ".join(recipe.profiles)
-    for word in split(f"--{role}", text):
+    try:
+        words = shlex.split(text, comments=False, posix=True)
+    except ValueError as error:
+        raise refused(role, text, f"{error}; accepted: shell words (quote a value that holds "
+                      "spaces or JSON)") from None
+    for word in words:
         name, equals, value = word.partition("=")
         if not equals:
             if word not in recipe.profiles:
