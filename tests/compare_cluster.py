@@ -10,7 +10,6 @@ unit and engine tiers.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -126,11 +125,3 @@ def fake_model(folder: Path, **behaviour) -> Path:
 
 def report_of(run_dir: Path) -> dict:
     return json.loads((run_dir / "compare.json").read_text())
-
-
-def no_environment_knobs() -> dict[str, str]:
-    """os.environ without the launcher's knob names (the sides are laid over it)."""
-    from recipekit import recipe
-
-    knobs = set(recipe.load().knobs)
-    return {name: value for name, value in os.environ.items() if name not in knobs}

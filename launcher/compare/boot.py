@@ -19,16 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher import plan, serve
-from launcher.compare.rundir import BOOTS, FINISHED, Options, RunDir
+from launcher.compare.rundir import BOOTS, FINISHED, QUALITY_FILES, RECEIPTS, Options, RunDir
 from launcher.compare.sides import Side
 from launcher.settings import Failed, Refused, RefusedAbove
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
 RANK_LOG_LINES = 200
-# the quality.py file each command writes, and what it reads of the boots before
-QUALITY_FILES = {"record": "record.json", "aa": "band.json", "gate": "gate.json"}
-RECEIPTS = ("solo-vs-concurrent", "resumed-vs-fresh")
 # the bench tools' own imports, checked before anything boots
 TOOL_MODULES = ("aiohttp", "prometheus_client", "rich", "matplotlib")
 
@@ -116,15 +113,16 @@ def why_dead(side: Side) -> str | None:
     return None
 
 
-def running_ranks(side: Side) -> str | None:
-    """'NAMES on NODE' of serve containers already running, which a boot must not touch."""
+def not_free(side: Side) -> str | None:
+    """Why a boot may not start on SIDE's nodes (serve containers already running there, which
+    a boot must neither boot over nor stop, or a node whose Docker does not answer), or None."""
     nodes = serve.nodes_of(side.checked)
     for index, node in enumerate(nodes.addresses):
         names = nodes.output(index, plan.running_ranks_argv())
         if names is None:
-            return f"Docker does not answer on {node}"
+            return f"cannot reach Docker on {node}"
         if names.split():
-            return f"{' '.join(names.split())} on {node}"
+            return f"already running: {' '.join(names.split())} on {node}"
     return None
 
 
@@ -154,10 +152,9 @@ class Boot:
     def run(self) -> dict:
         started = time.monotonic()
         self.save()
-        if busy := running_ranks(self.side):
+        if busy := not_free(self.side):
             # someone else's ranks: neither boot over them nor stop them
-            self.record.update(status="failed", why=f"already running: {busy}; run ./stop.sh first",
-                               wall_s=0.0)
+            self.record.update(status="failed", why=f"{busy}; run ./stop.sh first", wall_s=0.0)
             self.save()
             return self.record
         try:
@@ -194,17 +191,18 @@ class Boot:
             code = subprocess.run(measurement.argv, stdout=log, stdin=subprocess.DEVNULL,
                                   check=False).returncode
         self.record["measurements"][measurement.key] = {
-            "exit": code, "file": measurement.output, "seconds": round(time.monotonic() - started, 1)}
+            "exit": code, "file": measurement.output,
+            "seconds": round(time.monotonic() - started, 1)}
         self.save()
         if code != 0 and (dead := why_dead(self.side)):
             keep_rank_logs(self.side, self.folder)
             self.record["failed_during"] = measurement.title
-            raise BootEnded(f"{dead} during the {measurement.title} (rank logs in "
-                            f"{self.folder}); every rank was stopped")
+            raise BootEnded(f"{dead} during the {measurement.title} (its rank logs are kept "
+                            "with the boot's files); every rank was stopped")
         if code not in measurement.results:
             self.record["failed_during"] = measurement.title
-            raise BootEnded(f"the {measurement.title} could not run (exit {code}; its output: "
-                            f"{self.folder / (measurement.key + '.log')})")
+            raise BootEnded(f"the {measurement.title} could not run (exit {code}; its output "
+                            f"is {measurement.key}.log with the boot's files)")
 
     def stop(self) -> None:
         """stop.sh's stop; a failure to stop is said and recorded, never hidden."""

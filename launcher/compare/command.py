@@ -12,10 +12,10 @@ run), 130 interrupted. docs/compare.md says more.
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from launcher import serve
@@ -64,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the same, e.g. 'TARGET_WEIGHT_FORMAT=nvfp4'")
     p.add_argument("--concurrency", type=_concurrency,
                    help=f"the bench's streams (default {','.join(map(str, defaults.concurrency))})")
-    p.add_argument("--runs", type=_at_least(1), help=f"bench waves a cell (default {defaults.runs})")
+    p.add_argument("--runs", type=_at_least(1),
+                   help=f"bench waves a cell (default {defaults.runs})")
     p.add_argument("--max-tokens", type=_at_least(2),
                    help=f"bench tokens a stream (default {defaults.max_tokens})")
     p.add_argument("--check-tokens", type=_at_least(1),
@@ -99,9 +100,20 @@ def side_doc(side: sides.Side) -> dict:
             "lifted": side.lifted}
 
 
-def open_run(opts: argparse.Namespace) -> tuple[RunDir | None, sides.Side, sides.Side, Options]:
-    """The sides and options (given, or saved for --resume) and the report directory (None
-    under DRY_RUN, which writes nothing)."""
+@dataclass
+class Asked:
+    """What the command line asks, every part checked; nothing written yet."""
+    reference: sides.Side
+    candidate: sides.Side
+    options: Options
+    resume: RunDir | None = None      # --resume: the saved comparison
+    out: Path | None = None           # else the new report directory
+    reference_from: Path | None = None
+
+
+def asked(opts: argparse.Namespace) -> Asked:
+    """The sides and options (given, or saved for --resume), each refused in one line when
+    it cannot be run or would mix two comparisons."""
     if opts.resume:
         if opts.out or opts.reference_from:
             raise Refused("refused: scripts/compare --resume: it continues the saved comparison "
@@ -110,11 +122,10 @@ def open_run(opts: argparse.Namespace) -> tuple[RunDir | None, sides.Side, sides
         path = Path(opts.resume)
         run_dir = RunDir.resume(path)
         saved = run_dir.plan
-        words = {role: getattr(opts, role) for role in sides.ROLES}
         for role in sides.ROLES:
-            if words[role] is not None and words[role] != saved[role]["words"]:
-                check_same("--resume", path, f"the --{role} words", saved[role]["words"],
-                           words[role])
+            given = getattr(opts, role)
+            if given is not None:
+                check_same("--resume", path, f"the --{role} words", saved[role]["words"], given)
         reference = sides.load("reference", saved["reference"]["words"])
         candidate = sides.load("candidate", saved["candidate"]["words"])
         options = options_of(opts, saved["options"])
@@ -122,7 +133,7 @@ def open_run(opts: argparse.Namespace) -> tuple[RunDir | None, sides.Side, sides
             check_same("--resume", path, f"the {role}'s settings", saved[role]["values"],
                        side.values)
         check_same("--resume", path, "the options", saved["options"], options.to_json())
-        return run_dir, reference, candidate, options
+        return Asked(reference, candidate, options, resume=run_dir)
     for role in sides.ROLES:
         if getattr(opts, role) is None:
             raise Refused(f"refused: scripts/compare: --{role} is missing; accepted: --reference "
@@ -130,19 +141,28 @@ def open_run(opts: argparse.Namespace) -> tuple[RunDir | None, sides.Side, sides
     reference = sides.load("reference", opts.reference)
     candidate = sides.load("candidate", opts.candidate)
     options = options_of(opts)
-    if opts.reference_from:
-        reference_source(Path(opts.reference_from), reference.values, options)
-    if reference.values["DRY_RUN"] == "1":
-        return None, reference, candidate, options
+    source = Path(opts.reference_from) if opts.reference_from else None
+    if source:
+        reference_source(source, reference.values, options)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    path = Path(opts.out) if opts.out else Path(reference.values["RUNS_DIR"]) / f"compare-{stamp}"
-    plan = {"created_at": stamp, "reference": side_doc(reference),
-            "candidate": side_doc(candidate), "options": options.to_json(),
-            "differing": sides.differing(reference, candidate)}
-    run_dir = RunDir.create(path, plan)
-    if opts.reference_from:
-        run_dir.copy_references_from(Path(opts.reference_from))
-    return run_dir, reference, candidate, options
+    out = Path(opts.out) if opts.out else Path(reference.values["RUNS_DIR"]) / f"compare-{stamp}"
+    RunDir.check_new(out)
+    return Asked(reference, candidate, options, out=out, reference_from=source)
+
+
+def open_run(ask: Asked) -> RunDir:
+    """The saved comparison (--resume), or a new report directory holding the plan (and the
+    reference boots --reference-from names)."""
+    if ask.resume:
+        return ask.resume
+    reference, candidate = ask.reference, ask.candidate
+    plan = {"created_at": time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()),
+            "reference": side_doc(reference), "candidate": side_doc(candidate),
+            "options": ask.options.to_json(), "differing": sides.differing(reference, candidate)}
+    run_dir = RunDir.create(ask.out, plan)
+    if ask.reference_from:
+        run_dir.copy_references_from(ask.reference_from)
+    return run_dir
 
 
 def notes(reference: sides.Side, candidate: sides.Side) -> list[str]:
@@ -203,21 +223,22 @@ def run_boots(run_dir: RunDir, reference: sides.Side, candidate: sides.Side,
 def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        opts = build_parser().parse_args(argv)
-        run_dir, reference, candidate, options = open_run(opts)
-        if run_dir is None:
-            print_dry_run(reference, candidate, options)
+        ask = asked(build_parser().parse_args(argv))
+        reference, candidate = ask.reference, ask.candidate
+        if reference.values["DRY_RUN"] == "1":
+            print_dry_run(reference, candidate, ask.options)
             return 0
         if why := boots.tools_missing():
             raise Refused(f"refused: scripts/compare: {why}; accepted: a python3 with "
                           "requirements/test.txt's aiohttp, prometheus_client, rich and matplotlib")
-        if not opts.resume and (busy := boots.running_ranks(reference)):
-            raise Refused(f"refused: scripts/compare: already running: {busy}; scripts/compare "
-                          "boots its own ranks: run ./stop.sh first")
+        if busy := boots.not_free(reference):
+            raise Refused(f"refused: scripts/compare: {busy}; scripts/compare boots its own "
+                          "ranks: run ./stop.sh first")
+        run_dir = open_run(ask)
         for line in [*notes(reference, candidate), f"report directory: {run_dir.path}"]:
             say(line)
         started = time.monotonic()
-        run_boots(run_dir, reference, candidate, options)
+        run_boots(run_dir, reference, candidate, ask.options)
     except Refused as refusal:
         print(refusal.line, file=sys.stderr)
         return 2
@@ -228,7 +249,8 @@ def main(argv: list[str]) -> int:
     verdict = results.decide(summary, run_dir.plan)
     for problem in report.write(run_dir, summary, verdict):
         say(problem)
-    say(f"{boots.minutes(time.monotonic() - started)} in all; report {run_dir.path / report.REPORT}")
+    say(f"{boots.minutes(time.monotonic() - started)} in all; report "
+        f"{run_dir.path / report.REPORT}")
     print(verdict.line, flush=True)
     if verdict.exit == 2:
         say(f"scripts/compare --resume {run_dir.path} reuses the finished boots")

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 from launcher.compare.boot import BENCH, minutes
-from launcher.compare.rundir import BOOTS, RunDir
 from launcher.compare.results import Verdict
+from launcher.compare.rundir import BOOTS, RunDir
 
 PICTURE = "compare.png"
 REPORT = "report.md"
@@ -34,7 +33,8 @@ def _code(text: str) -> str:
 
 
 def boots_table(plan: dict) -> list[str]:
-    lines = ["| boot | settings | status | boot | measurements | wall |", "|---|---|---|---|---|---|"]
+    lines = ["| boot | settings | status | boot | measurements | wall |",
+             "|---|---|---|---|---|---|"]
     for boot in BOOTS:
         record = plan["boots"].get(boot) or {}
         status = record.get("status", "not run")
@@ -58,7 +58,8 @@ def speed_table(summary: dict, options: dict) -> list[str]:
     for row in summary["speed"]:
         speeds = [f"{_num(row['per_stream'][b])} ({_num(row['aggregate'][b])})" for b in BOOTS]
         acceptance = " / ".join(_num(row["acceptance_length"][b], 2) for b in BOOTS)
-        spread = "-" if row["reference_spread_pct"] is None else f"{row['reference_spread_pct']:.1f}%"
+        spread = ("-" if row["reference_spread_pct"] is None
+                  else f"{row['reference_spread_pct']:.1f}%")
         lines.append(f"| {row['phase']} | {row['concurrency']} | {' | '.join(speeds)} | "
                      f"{_pct(row['change_pct'])} | {spread} | {acceptance} |")
     return lines
@@ -125,9 +126,9 @@ def markdown(plan: dict, summary: dict, verdict: Verdict, picture: bool) -> str:
 
 def draw(run_dir: RunDir) -> str | None:
     """compare.png by bench/plot.py; None when drawn, else why not (one line)."""
-    drawn = subprocess.run([sys.executable, str(BENCH / "plot.py"), str(run_dir.path / "compare.json"),
-                            "-o", str(run_dir.path / PICTURE)], capture_output=True, text=True,
-                           check=False)
+    drawn = subprocess.run([sys.executable, str(BENCH / "plot.py"),
+                            str(run_dir.path / "compare.json"), "-o", str(run_dir.path / PICTURE)],
+                           capture_output=True, text=True, check=False)
     if drawn.returncode == 0:
         return None
     return (drawn.stderr.strip().splitlines() or [f"bench/plot.py exited {drawn.returncode}"])[-1]

@@ -11,8 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launcher.compare.boot import QUALITY_FILES, RECEIPTS
-from launcher.compare.rundir import BOOTS, FINISHED, read_json
+from launcher.compare.rundir import BOOTS, FINISHED, QUALITY_FILES, RECEIPTS, read_json
 from launcher.compare.sides import drafting_only
 
 HEADLINE_PHASE = "prose"
@@ -31,15 +30,10 @@ class Verdict:
                 "notes": self.notes}
 
 
-def boot_files(folder: Path) -> dict:
-    """What a boot's folder holds: bench, quality and receipts documents (None: absent)."""
-    command = None
-    record = read_json(folder / "boot.json") or {}
-    for name, (_, quality_command) in BOOTS.items():
-        if record.get("boot") == name:
-            command = quality_command
+def boot_files(folder: Path, boot: str) -> dict:
+    """What BOOT's folder holds: bench, quality and receipts documents (None: absent)."""
     return {"bench": read_json(folder / "bench.json"),
-            "quality": read_json(folder / QUALITY_FILES[command]) if command else None,
+            "quality": read_json(folder / QUALITY_FILES[BOOTS[boot][1]]),
             "receipts": {r: read_json(folder / f"{r}.json") for r in RECEIPTS}}
 
 
@@ -119,7 +113,7 @@ def lossless(differing: list[str], band: dict | None, gate: dict | None) -> dict
 
 
 def summarize(run_dir_path: Path, plan: dict) -> dict:
-    files = {boot: boot_files(run_dir_path / "boots" / boot) for boot in BOOTS}
+    files = {boot: boot_files(run_dir_path / "boots" / boot, boot) for boot in BOOTS}
     band, gate = files["reference-b"]["quality"], files["candidate"]["quality"]
     divergence = []
     aa_first, gate_first = _divergences(band), _divergences(gate)
@@ -153,8 +147,8 @@ def speed_phrase(row: dict | None) -> str:
     change, cell = row["change_pct"], f"prose c={row['concurrency']}"
     references = [v for v in (row["per_stream"]["reference-a"], row["per_stream"]["reference-b"])
                   if v]
-    figures = (f"{row['per_stream']['candidate']:.1f} against {sum(references) / len(references):.1f}"
-               " tok/s per stream")
+    mean = sum(references) / len(references)
+    figures = f"{row['per_stream']['candidate']:.1f} against {mean:.1f} tok/s per stream"
     spread = row["reference_spread_pct"]
     if spread is not None:
         within = ", within that" if abs(change) <= spread else ""
@@ -168,7 +162,8 @@ def gate_failures(summary: dict) -> list[str]:
     shown = []
     for c in checks:
         if c["metric"] == "kl_mean":
-            shown.append(f"{c['scope']} mean KL {c['value']:.3g} beyond the band's {c['limit']:.3g}")
+            shown.append(f"{c['scope']} mean KL {c['value']:.3g} beyond the band's "
+                         f"{c['limit']:.3g}")
         else:
             shown.append(f"{c['scope']} top-1 agreement {c['value']:.4f} under the band's "
                          f"{c['limit']:.4f}")

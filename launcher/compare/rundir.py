@@ -30,6 +30,9 @@ BOOT_FILE = "boot.json"
 BOOTS = {"reference-a": ("reference", "record"), "reference-b": ("reference", "aa"),
          "candidate": ("candidate", "gate")}
 REFERENCE_BOOTS = ("reference-a", "reference-b")
+# in a boot's folder: the file each quality.py command writes, and each receipt's
+QUALITY_FILES = {"record": "record.json", "aa": "band.json", "gate": "gate.json"}
+RECEIPTS = ("solo-vs-concurrent", "resumed-vs-fresh")
 FINISHED = "finished"
 
 
@@ -73,11 +76,16 @@ class RunDir:
         self.path, self.plan = path, plan
 
     # -- opening ---------------------------------------------------------------------------
-    @classmethod
-    def create(cls, path: Path, plan: dict) -> RunDir:
+    @staticmethod
+    def check_new(path: Path) -> None:
+        """A new report directory must not hold anything (a user's files stay theirs)."""
         if path.exists() and (not path.is_dir() or any(path.iterdir())):
             raise refused("--out", str(path), "it exists and is not an empty directory; accepted: "
                           "a new directory, or --resume DIR to continue the comparison saved there")
+
+    @classmethod
+    def create(cls, path: Path, plan: dict) -> RunDir:
+        cls.check_new(path)
         (path / "boots").mkdir(parents=True, exist_ok=True)
         run_dir = cls(path, dict(plan, schema=SCHEMA, boots={}))
         run_dir.save()

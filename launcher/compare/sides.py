@@ -77,7 +77,8 @@ def parse_words(role: str, text: str, recipe: Recipe) -> dict[str, str]:
                           "names in recipe.toml (docs/launcher.md, settings and defaults)")
         if name == "DRY_RUN":
             raise refused(role, word, "DRY_RUN is the whole comparison's: set it in the "
-                          "environment (DRY_RUN=1 scripts/compare ... prints every boot's commands)")
+                          "environment (DRY_RUN=1 scripts/compare ... prints every boot's "
+                          "commands)")
         if name == "PROFILE" and value not in recipe.profiles:
             raise refused(role, word, f"no such profile; accepted: {profiles}")
         if assigned.get(name, value) != value:

@@ -55,7 +55,7 @@ def test_an_identical_candidate_passes_and_every_boot_is_stopped(cluster, aa_run
     assert "at prose c=1" in lines[-1]
     assert any("this is an A/A check" in line for line in lines)
     for boot in ("reference-a", "reference-b", "candidate"):
-        assert any(line.startswith(f"compare: [") and f"{boot}: finished (boot " in line
+        assert any(line.startswith("compare: [") and f"{boot}: finished (boot " in line
                    for line in lines), boot
     doc = report_of(out)
     assert doc["verdict"]["exit"] == 0 and doc["differing"] == []
@@ -96,7 +96,8 @@ def test_a_boot_that_dies_midway_is_reported_stopped_and_resumed(cluster, aa_run
     # the API outlives its engine (30 s here; vLLM's about 4 s): /health is what shows it
     assert verdict.startswith("compare: could not run: boot candidate failed: http://127.0.0.1:"
                               f"{the_cluster.env['PORT']}/health does not answer 200 during the "
-                              "quality gate (rank logs in "), verdict
+                              "quality gate (its rank logs are kept with the boot's files); "
+                              "every rank was stopped"), verdict
     assert verdict.endswith("every rank was stopped")
     assert f"scripts/compare --resume {out}" in result.stdout.splitlines()[-1]
     record = report_of(out)["boots"]["candidate"]
@@ -156,5 +157,6 @@ def test_ranks_already_running_are_refused_and_left_alone(cluster, tmp_path):
             "refused: scripts/compare: already running: glm53-rank0 on 192.0.2.1; scripts/"
             "compare boots its own ranks: run ./stop.sh first")
         assert "glm53-rank0" in the_cluster.containers()
+        assert not (tmp_path / "busy").exists()  # refused before anything was written
     finally:
         head.write_text(saved)

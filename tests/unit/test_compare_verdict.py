@@ -184,8 +184,8 @@ def test_the_report_holds_every_table_and_the_picture(tmp_path):
     text = (run_dir.path / "report.md").read_text()
     assert f"**{verdict.line}**" in text
     assert "Settings that differ: `MODEL` /models/a -> /models/b." in text
-    assert "| prose | 1 | 30.0 (30.0) | 30.0 (30.0) | 33.0 (33.0) | +10.0% | 0.0% | 3.00 / 3.00 / " \
-           "3.00 |" in text
+    assert ("| prose | 1 | 30.0 (30.0) | 30.0 (30.0) | 33.0 (33.0) | +10.0% | 0.0% | "
+            "3.00 / 3.00 / 3.00 |") in text
     assert "| overall | 0.001 | 0.004 | 0.9900 | 1.0000 | FAIL |" in text
     assert "| solo-vs-concurrent | PASS | PASS | PASS |" in text
     assert "Lossless across boots: not judged: the candidate changes MODEL" in text
