@@ -26,8 +26,9 @@ from launcher.settings import Failed, Refused, RefusedAbove
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
 RANK_LOG_LINES = 200
-# the bench tools' own imports, checked before anything boots
-TOOL_MODULES = ("aiohttp", "prometheus_client", "rich", "matplotlib")
+# the bench tools' own imports, checked before anything boots (matplotlib only draws the
+# picture: without it the report says so)
+TOOL_MODULES = ("aiohttp", "prometheus_client", "rich")
 
 
 @dataclass(frozen=True)
@@ -173,6 +174,9 @@ class Boot:
             self.record["status"] = FINISHED
         except BootEnded as ended:
             self.record.update(status="failed", why=str(ended))
+        # anything else is recorded too: the ranks are stopped and the run reports it
+        except Exception as error:  # noqa: BLE001
+            self.record.update(status="failed", why=f"{type(error).__name__}: {error}")
         except KeyboardInterrupt:
             self.record.update(status="interrupted", why="interrupted (Ctrl-C or SIGTERM)")
             raise

@@ -229,8 +229,8 @@ def main(argv: list[str]) -> int:
             print_dry_run(reference, candidate, ask.options)
             return 0
         if why := boots.tools_missing():
-            raise Refused(f"refused: scripts/compare: {why}; accepted: a python3 with "
-                          "requirements/test.txt's aiohttp, prometheus_client, rich and matplotlib")
+            raise Refused(f"refused: scripts/compare: {why}; accepted: a python3 with the "
+                          "bench's packages (requirements/test.txt pins them)")
         if busy := boots.not_free(reference):
             raise Refused(f"refused: scripts/compare: {busy}; scripts/compare boots its own "
                           "ranks: run ./stop.sh first")
@@ -245,6 +245,9 @@ def main(argv: list[str]) -> int:
     except KeyboardInterrupt:
         print(f"{PREFIX}interrupted; every rank a boot started was stopped", file=sys.stderr)
         return 130
+    except OSError as error:
+        print(f"{PREFIX}could not run: {error}", file=sys.stderr)
+        return 2
     summary = results.summarize(run_dir.path, run_dir.plan)
     verdict = results.decide(summary, run_dir.plan)
     for problem in report.write(run_dir, summary, verdict):
