@@ -5,13 +5,16 @@
     bench/plot.py --compare A.json B.json [-o A-vs-B.png]  two of them side by side
     bench/plot.py SAMPLES.csv [-o SAMPLES.png]             a memory-guard sample file
     bench/plot.py GATE.json [-o GATE.png]                  a quality.py aa or gate file
+    bench/plot.py DIR/compare.json [-o DIR/compare.png]    a scripts/compare report directory
 
 A bench picture has four panels: per-stream and aggregate tok/s against concurrency (median
 over runs, with the runs' min-max as a bar), acceptance length, and acceptance per draft
 position (one line per cell). A memory picture draws MemAvailable per node over time, the
 boot phases shaded, each node's floor dashed and samples under it marked. A quality picture
 draws KL(reference || candidate) per generated position of each prompt (log scale, top-1
-disagreements marked) and each phase's mean KL against the band's limit. Exit code 0 when
+disagreements marked) and each phase's mean KL against the band's limit. A comparison picture
+puts the per-stream tok/s of its three boots side by side over its gate's quality panels.
+Exit code 0 when
 the PNG was written, 2 when an input is not what it should be (one line says which and why).
 docs/bench.md, section "Plots", says more.
 """
@@ -24,6 +27,7 @@ import json
 import math
 import os
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -290,6 +294,20 @@ def quality_kind(path: str) -> str | None:
 def quality_figure(doc: dict, name: str = "quality") -> Figure:
     fig = Figure(figsize=(12, 4.5), layout="constrained")
     left, right = fig.subplots(1, 2, width_ratios=(2, 1))
+    draw_quality(left, right, doc)
+    fig.suptitle(_quality_title(doc, name))
+    return fig
+
+
+def _quality_title(doc: dict, name: str) -> str:
+    verdict = {True: "PASS", False: "FAIL"}.get(doc.get("passed"), "A/A band")
+    return (f"{name}: {doc['kind']} {verdict}, overall mean KL "
+            f"{doc['overall']['kl_mean']:.3g}, top-1 {doc['overall']['top1_agreement']:.4f}")
+
+
+def draw_quality(left, right, doc: dict) -> None:
+    """Per-position KL of each prompt (left) and each phase's mean KL against the band's
+    limit (right)."""
     floor = 1e-12  # a position with KL 0 is drawn at the axis floor
     for prompt in doc["prompts"]:
         kls = [max(k, floor) for k in prompt["kl"]]
@@ -313,9 +331,49 @@ def quality_figure(doc: dict, name: str = "quality") -> Figure:
                       s=600, color="#c0392b", label="band limit", zorder=3)
         right.legend(fontsize=8)
     right.set_title("mean KL per phase")
-    verdict = {True: "PASS", False: "FAIL"}.get(doc.get("passed"), "A/A band")
-    fig.suptitle(f"{name}: {doc['kind']} {verdict}, overall mean KL "
-                 f"{doc['overall']['kl_mean']:.3g}, top-1 {doc['overall']['top1_agreement']:.4f}")
+
+
+# ----------------------------------------------------------------------------- comparisons
+
+COMPARE_SCHEMA = "compare/1"
+COMPARE_BOOTS = ("reference-a", "reference-b", "candidate")
+
+
+def compare_kind(path: str) -> bool:
+    """Whether PATH is a scripts/compare report (compare.json)."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(doc, dict) and doc.get("schema") == COMPARE_SCHEMA
+
+
+def compare_report_figure(doc: dict, folder: Path) -> Figure:
+    """Per-stream tok/s of each boot (one y scale), then the candidate's gate."""
+    fig = Figure(figsize=(15, 9), layout="constrained")
+    axes = fig.subplot_mosaic([list(COMPARE_BOOTS), ["kl", "kl", "means"]])
+    for boot in COMPARE_BOOTS:
+        ax, path = axes[boot], folder / "boots" / boot / "bench.json"
+        if path.is_file():
+            draw_speed(ax, _load_bench(str(path)), "per_stream_tok_s", f"{boot}, per-stream tok/s")
+        else:
+            ax.set_title(f"{boot}: per-stream tok/s")
+            _nothing(ax, "not measured")
+    top = max((ax.get_ylim()[1] for b in COMPARE_BOOTS if (ax := axes[b]).lines), default=1.0)
+    for boot in COMPARE_BOOTS:
+        axes[boot].set_ylim(0, top)
+    gate = folder / "boots" / "candidate" / "gate.json"
+    if gate.is_file():
+        quality = _load_quality(str(gate))
+        draw_quality(axes["kl"], axes["means"], quality)
+        axes["kl"].set_title(f"{_quality_title(quality, 'candidate')}\n"
+                             f"{axes['kl'].get_title()}")
+    else:
+        _nothing(axes["kl"], "no gate: the candidate was not measured")
+        axes["means"].set_axis_off()
+    verdict = textwrap.fill((doc.get("verdict") or {}).get("line", "no verdict yet"), 160)
+    fig.suptitle(f"{doc['candidate']['words'] or 'the environment'} against "
+                 f"{doc['reference']['words'] or 'the environment'}\n{verdict}")
     return fig
 
 
@@ -371,6 +429,10 @@ def main(argv: list[str] | None = None) -> int:
             a, b = (Path(p) for p in opts.compare)
             out = Path(opts.output or a.with_name(f"{a.stem}-vs-{b.stem}.png"))
             fig = compare_figure(_load_bench(str(a)), _load_bench(str(b)), (a.name, b.name))
+        elif compare_kind(opts.input):
+            out = Path(opts.output or Path(opts.input).with_suffix(".png"))
+            fig = compare_report_figure(json.loads(Path(opts.input).read_text(encoding="utf-8")),
+                                        Path(opts.input).resolve().parent)
         elif quality_kind(opts.input):
             out = Path(opts.output or Path(opts.input).with_suffix(".png"))
             fig = quality_figure(_load_quality(opts.input), Path(opts.input).name)

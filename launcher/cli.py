@@ -45,7 +45,11 @@ def main(argv: list[str]) -> int:
             from launcher import doctor
 
             return doctor.main(load())
-        print("usage: launcher/entry.py run|stop|doctor", file=sys.stderr)
+        if command == "compare":
+            from launcher.compare import command as compare
+
+            return compare.main(argv[1:])
+        print("usage: launcher/entry.py run|stop|doctor|compare", file=sys.stderr)
         return 64
     except Refused as refused:
         print(refused.line, file=sys.stderr)

@@ -1,5 +1,6 @@
-"""The launcher's one entry: `python3 launcher/entry.py run|stop|doctor` (run.sh, stop.sh
-and scripts/doctor call it). Checks the interpreter before anything imports tomllib."""
+"""The launcher's one entry: `python3 launcher/entry.py run|stop|doctor|compare` (run.sh,
+stop.sh, scripts/doctor and scripts/compare call it). Checks the interpreter before anything
+imports tomllib."""
 
 import sys
 from pathlib import Path

@@ -101,6 +101,10 @@ Launcher options (for run.sh's memory guard and scripts/doctor):
                                                       0.32.0 measured: about 4 s); default
                                                       never; SIGUSR1 kills the engine at once
   --api-outlives-engine S FAKE_VLLM_API_OUTLIVES_ENGINE default 4
+  --engine-dies-at-request N FAKE_VLLM_ENGINE_DIES_AT_REQUEST the engine core dies as the N-th
+                                                      POST arrives (1-based, any endpoint): it
+                                                      and every later POST answer 503, then as
+                                                      --engine-dies-after; default never
 
 Truth it follows: a chat request arriving at t0 gets its first chunk (with
 --first-chunk-tokens tokens) at t0 + ttft, and chunk j >= 1 at exactly t0 + ttft + j * step
@@ -232,6 +236,8 @@ def add_launcher_options(parser: argparse.ArgumentParser) -> None:
                         default=float(os.environ.get("FAKE_VLLM_ENGINE_DIES_AFTER", "-1")))
     parser.add_argument("--api-outlives-engine", type=float,
                         default=float(os.environ.get("FAKE_VLLM_API_OUTLIVES_ENGINE", "4")))
+    parser.add_argument("--engine-dies-at-request", type=int,
+                        default=int(os.environ.get("FAKE_VLLM_ENGINE_DIES_AT_REQUEST", "0")))
 
 
 # vLLM 0.30.0's own lines that end a boot phase (gpu_model_runner.py, kv_cache_utils.py).
@@ -1034,10 +1040,12 @@ async def answer_request(state: FakeState, body: dict, t0: float,
 
 
 class FakeServer:
-    def __init__(self, program: Program):
+    def __init__(self, program: Program, dies_at_request: int = 0,
+                 killed: asyncio.Event | None = None):
         self.state = FakeState(program)
         self.chat = ChatHandler(self.state)
         self.engine_dead = False
+        self.posts, self.dies_at_request, self.killed = 0, dies_at_request, killed
 
     async def serve_connection(self, reader, writer) -> None:
         try:
@@ -1058,6 +1066,14 @@ class FakeServer:
 
     async def route(self, method: str, path: str, body: bytes, writer) -> bool:
         program = self.state.program
+        if method == "POST":
+            self.posts += 1
+            if self.dies_at_request and self.posts >= self.dies_at_request:
+                self.engine_dead = True
+                self.killed.set()
+            if self.engine_dead:
+                writer.write(_error(503, "fake: the engine core is dead", "EngineDeadError"))
+                return False
         if method == "GET" and path == "/health":
             writer.write(_response(503, b"") if self.engine_dead else _response(200, b""))
         elif method == "GET" and path == "/version":
@@ -1110,13 +1126,13 @@ async def _serve(args: argparse.Namespace, program: Program) -> int:
             await asyncio.wait_for(stop.wait(), remaining)
         if stop.is_set():
             return 0
-    fake = FakeServer(program)
+    killed = asyncio.Event()  # SIGUSR1 or --engine-dies-at-request: the engine core dies now
+    fake = FakeServer(program, args.engine_dies_at_request, killed)
     server = await asyncio.start_server(fake.serve_connection, args.host, args.port,
                                         reuse_address=True, backlog=512)
     host, port = server.sockets[0].getsockname()[:2]
     print(f"fake-vllm listening on http://{host}:{port}", flush=True)
     print("INFO: Application startup complete.", file=sys.stderr, flush=True)
-    killed = asyncio.Event()  # SIGUSR1: the engine core is killed now
     loop.add_signal_handler(signal.SIGUSR1, killed.set)
     async with server:
         waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(killed.wait())]

@@ -1,7 +1,8 @@
 """recipekit's imports run one way: primitives, then the layer runner, codepatch, the layers,
 the image build; and recipekit sits below its users, so none of its modules imports the
-launcher, the bench or the tests. Imports are read from the source with ast; nothing is
-imported."""
+launcher, the bench or the tests. The launcher imports neither the bench nor the tests
+(scripts/compare runs the bench's tools as commands). Imports are read from the source with
+ast; nothing is imported."""
 
 from __future__ import annotations
 
@@ -161,3 +162,18 @@ def test_the_check_catches_an_upward_import_and_a_cycle():
                           known | {"recipekit.layers.v8"})
     assert relative == {"recipekit.layers.v8", "recipekit.tree"}
     assert cycles({"recipekit.tree": {"recipekit.verify"}, "recipekit.verify": {"recipekit.tree"}})
+
+
+def launcher_sources() -> dict[str, str]:
+    return {module_name(path): path.read_text(encoding="utf-8")
+            for path in sorted((REPO_ROOT / "launcher").rglob("*.py"))}
+
+
+def test_the_launcher_imports_nothing_of_the_bench_or_the_tests():
+    """The launcher runs with the standard library alone; scripts/compare runs bench/ as
+    commands and reads their result files, so no import goes from launcher to bench."""
+    sources = launcher_sources()
+    assert "launcher.compare.boot" in sources
+    found = sorted(f"{module} imports {target}" for module, source in sources.items()
+                   for target in user_imports(source) if target.split(".")[0] in ("bench", "tests"))
+    assert found == []

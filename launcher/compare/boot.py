@@ -1,0 +1,221 @@
+"""One boot of a comparison: the launcher's run (launcher/serve.py, settings resolved as
+run.sh resolves them), then each measurement as its own bench/ command against the served
+API, then stop.sh's stop, always. A rank that dies while it is measured ends the boot: its
+logs are kept beside the boot's files, every rank is stopped, and the record says why.
+
+The measurements run as commands (python3 bench/...), so the launcher imports nothing of
+bench/ and needs nothing beyond the standard library; their result files are bench/'s
+documented contracts (docs/bench.md, docs/quality.md).
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher import plan, serve
+from launcher.compare.rundir import BOOTS, FINISHED, QUALITY_FILES, RECEIPTS, Options, RunDir
+from launcher.compare.sides import Side
+from launcher.settings import Failed, Refused, RefusedAbove
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "bench"
+RANK_LOG_LINES = 200
+# the bench tools' own imports, checked before anything boots (matplotlib only draws the
+# picture: without it the report says so)
+TOOL_MODULES = ("aiohttp", "prometheus_client", "rich")
+
+
+@dataclass(frozen=True)
+class Measurement:
+    key: str                 # its name in the boot's record
+    title: str               # what progress says
+    argv: tuple[str, ...]
+    output: str              # the file it writes in the boot's folder
+    results: tuple[int, ...]  # exit codes that are results (others: could not measure)
+
+
+class BootEnded(Exception):
+    """The boot could not be measured to the end (its record says why)."""
+
+
+def measurements(boot: str, url: str, options: Options, run_dir: RunDir) -> list[Measurement]:
+    """What BOOT is measured with, in order: the quality gate's step, the receipts, the bench."""
+    folder, python = run_dir.boot_dir(boot), sys.executable
+    command = BOOTS[boot][1]
+    quality = [python, str(BENCH / "quality.py"), command, "--url", url,
+               "--out", str(folder / QUALITY_FILES[command])]
+    if command == "record":
+        quality += ["--max-tokens", str(options.check_tokens),
+                    "--needle-words", str(options.needle_words)]
+    else:
+        quality += ["--reference", str(run_dir.boot_dir("reference-a") / QUALITY_FILES["record"])]
+    if command == "gate":
+        quality += ["--band", str(run_dir.boot_dir("reference-b") / QUALITY_FILES["aa"])]
+    found = [Measurement("quality", f"quality {command}", tuple(quality), QUALITY_FILES[command],
+                         (0, 1) if command == "gate" else (0,))]
+    for receipt in RECEIPTS:
+        found.append(Measurement(receipt, f"receipt {receipt}", (
+            python, str(BENCH / "receipts.py"), receipt, "--url", url,
+            "--max-tokens", str(options.check_tokens), "--json", str(folder / f"{receipt}.json")),
+            f"{receipt}.json", (0, 1)))
+    found.append(Measurement("bench", (
+        f"bench: every phase at c={','.join(map(str, options.concurrency))}, {options.runs} runs x "
+        f"{options.max_tokens} tokens"), (
+        python, str(BENCH / "bench_decode.py"), "--url", url, "--phase", "all",
+        "--concurrency", ",".join(map(str, options.concurrency)), "--runs", str(options.runs),
+        "--max-tokens", str(options.max_tokens), "--json", str(folder / "bench.json")),
+        "bench.json", (0, 1)))
+    return found
+
+
+def tools_missing() -> str | None:
+    """The bench's packages this python lacks, as one line, or None."""
+    probe = subprocess.run([sys.executable, "-c", f"import {', '.join(TOOL_MODULES)}"],
+                           capture_output=True, text=True, check=False)
+    if probe.returncode == 0:
+        return None
+    return (f"{sys.executable} cannot import the bench's packages ({', '.join(TOOL_MODULES)}): "
+            f"{probe.stderr.strip().splitlines()[-1] if probe.stderr.strip() else 'import failed'}")
+
+
+@contextmanager
+def own_signals():
+    """The launcher's run sets SIGINT and SIGTERM for a process that ends with it; a
+    comparison goes on, so its handlers come back after each launcher call."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+def minutes(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 60} min {seconds % 60:02d} s" if seconds >= 60 else f"{seconds} s"
+
+
+def why_dead(side: Side) -> str | None:
+    """What shows a boot is gone: a rank container not running, or /health not 200."""
+    nodes = serve.nodes_of(side.checked)
+    for index, node in enumerate(nodes.addresses):
+        status = nodes.output(index, plan.container_status_argv(index)) or "missing"
+        if status != "running":
+            return f"rank {index} ({plan.rank_container(index)} on {node}) is {status}"
+    probe = subprocess.run(plan.api_probe_argv(side.values["PORT"], "health"), check=False)
+    if probe.returncode != 0:
+        return f"{side.url}/health does not answer 200"
+    return None
+
+
+def not_free(side: Side) -> str | None:
+    """Why a boot may not start on SIDE's nodes (serve containers already running there, which
+    a boot must neither boot over nor stop, or a node whose Docker does not answer), or None."""
+    nodes = serve.nodes_of(side.checked)
+    for index, node in enumerate(nodes.addresses):
+        names = nodes.output(index, plan.running_ranks_argv())
+        if names is None:
+            return f"cannot reach Docker on {node}"
+        if names.split():
+            return f"already running: {' '.join(names.split())} on {node}"
+    return None
+
+
+def keep_rank_logs(side: Side, folder: Path) -> None:
+    nodes = serve.nodes_of(side.checked)
+    for index in range(len(nodes.addresses)):
+        container = plan.rank_container(index)
+        with (folder / f"{container}.log").open("w") as log:
+            subprocess.run(nodes.argv(index, ["docker", "logs", "--tail", str(RANK_LOG_LINES),
+                                              container]),
+                           stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                           check=False)
+
+
+class Boot:
+    def __init__(self, boot: str, side: Side, options: Options, run_dir: RunDir, say):
+        self.boot, self.side, self.options, self.run_dir, self.say = (boot, side, options,
+                                                                     run_dir, say)
+        self.folder = run_dir.fresh_boot_dir(boot)
+        self.record = {"boot": boot, "role": side.role, "settings": side.text,
+                       "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                       "status": "booting", "measurements": {}}
+
+    def save(self) -> None:
+        self.run_dir.save_boot(self.boot, self.record)
+
+    def run(self) -> dict:
+        started = time.monotonic()
+        self.save()
+        if busy := not_free(self.side):
+            # someone else's ranks: neither boot over them nor stop them
+            self.record.update(status="failed", why=f"{busy}; run ./stop.sh first", wall_s=0.0)
+            self.save()
+            return self.record
+        try:
+            try:
+                with own_signals():
+                    serve.run(self.side.checked, ROOT)
+            except (Failed, Refused, RefusedAbove) as failure:
+                line = getattr(failure, "line", None) or str(failure) or "refused (see above)"
+                raise BootEnded(f"the launcher did not bring it up: {line}") from None
+            self.record["boot_s"] = round(time.monotonic() - started, 1)
+            self.record["status"] = "measuring"
+            self.say(f"ready after {minutes(self.record['boot_s'])}")
+            self.save()
+            for measurement in measurements(self.boot, self.side.url, self.options, self.run_dir):
+                self.measure(measurement)
+            self.record["status"] = FINISHED
+        except BootEnded as ended:
+            self.record.update(status="failed", why=str(ended))
+        # anything else is recorded too: the ranks are stopped and the run reports it
+        except Exception as error:  # noqa: BLE001
+            self.record.update(status="failed", why=f"{type(error).__name__}: {error}")
+        except KeyboardInterrupt:
+            self.record.update(status="interrupted", why="interrupted (Ctrl-C or SIGTERM)")
+            raise
+        finally:
+            self.stop()
+            self.record["wall_s"] = round(time.monotonic() - started, 1)
+            if "boot_s" in self.record:
+                self.record["measure_s"] = round(self.record["wall_s"] - self.record["boot_s"], 1)
+            self.save()
+        return self.record
+
+    def measure(self, measurement: Measurement) -> None:
+        self.say(measurement.title)
+        started = time.monotonic()
+        with (self.folder / f"{measurement.key}.log").open("w") as log:
+            code = subprocess.run(measurement.argv, stdout=log, stdin=subprocess.DEVNULL,
+                                  check=False).returncode
+        self.record["measurements"][measurement.key] = {
+            "exit": code, "file": measurement.output,
+            "seconds": round(time.monotonic() - started, 1)}
+        self.save()
+        if code != 0 and (dead := why_dead(self.side)):
+            keep_rank_logs(self.side, self.folder)
+            self.record["failed_during"] = measurement.title
+            raise BootEnded(f"{dead} during the {measurement.title} (its rank logs are kept "
+                            "with the boot's files); every rank was stopped")
+        if code not in measurement.results:
+            self.record["failed_during"] = measurement.title
+            raise BootEnded(f"the {measurement.title} could not run (exit {code}; its output "
+                            f"is {measurement.key}.log with the boot's files)")
+
+    def stop(self) -> None:
+        """stop.sh's stop; a failure to stop is said and recorded, never hidden."""
+        interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            serve.stop(self.side.checked)
+            self.record["stopped"] = True
+        except Failed as failure:
+            self.record["stopped"] = False
+            self.say(f"could not stop every rank: {failure}; run ./stop.sh")
+        finally:
+            signal.signal(signal.SIGINT, interrupt)

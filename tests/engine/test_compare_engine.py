@@ -1,0 +1,152 @@
+"""scripts/compare against real vLLM CPU engines, through the launcher.
+
+The cluster is one node of tests/fakes/fake-docker whose rank containers run a real engine
+as their main process (tests/engine/rank_engine.py: run.sh's `vllm serve` argv with the
+overrides test_launcher_engine.py documents); scripts/compare, the launcher's run and stop,
+the readiness wait (the real curl), the bench, the receipts and the quality gate are the
+real ones. Settings, not overrides, make a boot cheap here: MODEL the tier's tiny target,
+MAX_MODEL_LEN 4096, KV_CACHE_MEMORY_BYTES 256 MiB, ENFORCE_EAGER=1 (no torch.compile:
+test_launcher_engine.py covers it), no memory guard or preflight.
+
+Three runs, five boots (about a minute and a half each here):
+1. an identical candidate (three boots): passes;
+2. the quality tier's INT8 model as the candidate (`MODEL=...`), reusing run 1's reference
+   boots (--reference-from), its engine SIGKILLed as the boot becomes ready: reported as the
+   candidate's boot, failed during the quality gate, with no rank and no engine process left;
+3. --resume of run 2: the reference boots reused, the candidate booted again, and failed on
+   the gate's numbers (mean KL and top-1 beyond the A/A band, 0 and 1.0 on CPU).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+from tests.compare_cluster import Cluster, make_cluster, report_of
+from tests.engine.cache import engine_cache_root, progress
+from tests.engine.test_quality_engine import int8_model_dir
+from tests.unit.test_launcher_support import REPO
+
+pytestmark = pytest.mark.timeout(3600)
+# small measurements: the tiny model's speed says nothing about a Spark's
+SIZES = ("--concurrency", "1,2", "--runs", "1", "--max-tokens", "24", "--check-tokens", "24",
+         "--needle-words", "300")
+# how long a run of compare may take before the test calls it hung (five boots in all)
+RUN_GUARD_S = 1800
+
+
+@pytest.fixture(scope="module")
+def cluster(engine, models, tmp_path_factory) -> Cluster:
+    tmp = tmp_path_factory.mktemp("compare-engine")
+    return make_cluster(
+        tmp, f"{sys.executable} -m tests.engine.rank_engine", MODEL=models.target,
+        MAX_MODEL_LEN=4096, KV_CACHE_MEMORY_BYTES=256 << 20, ENFORCE_EAGER=1,
+        READY_TIMEOUT=900, PYTHONPATH=REPO, ENGINE_RANK_VENV=engine.path,
+        ENGINE_RANK_PATH=os.environ["PATH"], GLM53_ENGINE_CACHE=engine_cache_root())
+
+
+def shown(result_or_text, out) -> str:
+    """What a run printed, and its report (for the log and for docs/compare.md)."""
+    text = result_or_text if isinstance(result_or_text, str) else result_or_text.stdout + \
+        result_or_text.stderr
+    report = (out / "report.md").read_text() if (out / "report.md").exists() else "(no report)"
+    return f"{text}\n--- {out / 'report.md'}\n{report}"
+
+
+def timed(cluster: Cluster, *args: str):
+    started = time.monotonic()
+    result = cluster.compare(*args, timeout=RUN_GUARD_S)
+    return result, time.monotonic() - started
+
+
+@pytest.fixture(scope="module")
+def aa_run(cluster):
+    out = cluster.tmp / "aa"
+    result, seconds = timed(cluster, "--reference", "", "--candidate", "", "--out", str(out),
+                            *SIZES)
+    progress(f"compare, identical candidate: {seconds:.0f} s\n{shown(result, out)}")
+    return result, out
+
+
+def test_an_identical_candidate_passes(cluster, aa_run):
+    result, out = aa_run
+    assert result.returncode == 0, shown(result, out)
+    verdict = result.stdout.splitlines()[-1]
+    assert verdict.startswith("compare: candidate passes the gate and is "), verdict
+    doc = report_of(out)
+    quality = doc["results"]["quality"]
+    assert quality["band"]["overall"]["top1_agreement"] == 1.0
+    assert quality["gate"]["overall"]["kl_mean"] <= quality["band"]["overall"]["kl_mean"]
+    assert all(r["first_divergence"]["verdict"] == "identical"
+               for r in json.loads((out / "boots" / "candidate" / "gate.json").read_text())
+               ["prompts"])
+    assert doc["results"]["lossless"] == {**doc["results"]["lossless"], "judged": True,
+                                          "passed": True}
+    # run.sh's k = 7 reaches the engine: the oracle drafter is accepted k + 1
+    assert all(r["acceptance_length"][boot] == 8.0 for r in doc["results"]["speed"]
+               for boot in ("reference-a", "reference-b", "candidate")
+               if r["phase"] == "structured")
+    assert all(v is True for by_boot in doc["results"]["receipts"].values()
+               for v in by_boot.values())
+    assert cluster.containers() == {} and cluster.still_running() == []
+
+
+@pytest.fixture(scope="module")
+def killed_run(cluster, aa_run):
+    """The INT8 candidate, its engine SIGKILLed (the rank's whole process group, as the
+    kernel's OOM killer or a crash would leave it) as compare says the boot is ready."""
+    out = cluster.tmp / "int8"
+    started = time.monotonic()
+    process = cluster.compare("--reference", "", "--candidate", f"MODEL={int8_model_dir()}",
+                              "--reference-from", str(aa_run[1]), "--out", str(out), *SIZES,
+                              popen=True)
+    lines, killed = [], None
+    for line in process.stdout:
+        lines.append(line)
+        if killed is None and "[3/3] candidate: ready after" in line:
+            killed = cluster.main_processes()[-1]["pid"]
+            os.killpg(killed, signal.SIGKILL)
+    process.wait(timeout=RUN_GUARD_S)
+    text = "".join(lines)
+    progress(f"compare, candidate killed: {time.monotonic() - started:.0f} s\n{shown(text, out)}")
+    return process.returncode, text, out, killed
+
+
+def test_a_boot_that_dies_midway_is_reported_and_leaves_no_rank_running(cluster, killed_run):
+    code, text, out, killed = killed_run
+    assert killed is not None, text
+    assert code == 2, text
+    verdict = text.splitlines()[-2]
+    assert verdict.startswith("compare: could not run: boot candidate failed: rank 0 "
+                              "(glm53-rank0 on 192.0.2.1) is exited during the quality gate"), \
+        verdict
+    assert verdict.endswith("every rank was stopped"), verdict
+    record = report_of(out)["boots"]["candidate"]
+    assert record["status"] == "failed" and record["stopped"] is True
+    assert "could not run: boot candidate failed" in (out / "report.md").read_text()
+    assert cluster.containers() == {} and cluster.still_running() == []
+
+
+def test_a_candidate_that_flips_tokens_fails_with_the_gates_numbers(cluster, killed_run):
+    """--resume of the killed run: the INT8 candidate boots again and fails the gate."""
+    out = killed_run[2]
+    result, seconds = timed(cluster, "--resume", str(out))
+    progress(f"compare --resume, INT8 candidate: {seconds:.0f} s\n{shown(result, out)}")
+    assert result.returncode == 1, shown(result, out)
+    assert result.stdout.count("reusing the finished boot") == 2
+    verdict = result.stdout.splitlines()[-1]
+    assert verdict.startswith("compare: candidate fails: the quality gate (overall mean KL "), \
+        verdict
+    doc = report_of(out)
+    quality = doc["results"]["quality"]
+    assert quality["passed"] is False
+    assert quality["gate"]["overall"]["kl_mean"] > quality["band"]["overall"]["kl_mean"]
+    assert quality["gate"]["overall"]["top1_agreement"] < 1.0
+    assert doc["differing"] == ["MODEL"] and doc["results"]["lossless"]["judged"] is False
+    assert (out / "boots" / "candidate.attempt-1" / "boot.json").exists()
+    assert cluster.containers() == {} and cluster.still_running() == []

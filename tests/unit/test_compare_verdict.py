@@ -1,0 +1,194 @@
+"""scripts/compare's verdict and report from saved files alone (launcher/compare/results.py
+and report.py): each rule of the verdict with files made here, whose truth is known."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from launcher.compare import report, results
+from launcher.compare.rundir import BOOTS, RunDir, read_json
+
+PHASES = ("prose", "structured", "code")
+QUALITY_PHASES = ("prose", "code", "structured", "needle")
+
+
+def cell(phase: str, c: int, tok_s: float, accept: float | None = 3.0, failed: int = 0) -> dict:
+    figures = {"median": tok_s, "min": tok_s, "max": tok_s}
+    return {"phase": phase, "concurrency": c, "per_stream_tok_s": figures,
+            "aggregate_tok_s": {k: v * c for k, v in figures.items()},
+            "acceptance_length": accept, "failed_streams": failed}
+
+
+def bench(speed: float, failed: int = 0) -> dict:
+    return {"schema": "bench_decode/1",
+            "cells": [cell(p, c, speed / c, failed=failed if (p, c) == ("code", 2) else 0)
+                      for p in PHASES for c in (1, 2)]}
+
+
+def totals(kl: float, top1: float) -> dict:
+    return {"positions": 96, "kl_mean": kl, "kl_max": kl, "top1_agreement": top1, "imputed": 0}
+
+
+def divergence(verdict: str = "identical", position: int | None = None) -> dict:
+    text = "identical over 24 tokens" if verdict == "identical" else \
+        f"{verdict.replace('_', '-')} at position {position}: a vs b"
+    return {"verdict": verdict, "position": position, "compared": position or 24, "text": text}
+
+
+def quality(kind: str, kl: float = 0.0, top1: float = 1.0, band: dict | None = None,
+            first: dict[str, dict] | None = None) -> dict:
+    doc = {"kind": kind, "overall": totals(kl, top1),
+           "phases": {p: totals(kl, top1) for p in QUALITY_PHASES},
+           "prompts": [{"phase": p, "kl": [kl] * 24, "top1_disagree_at": [],
+                        "first_divergence": (first or {}).get(p, divergence())}
+                       for p in QUALITY_PHASES]}
+    if band is not None:
+        checks = []
+        for scope in ("overall", *QUALITY_PHASES):
+            got = doc["overall"] if scope == "overall" else doc["phases"][scope]
+            limit = band["overall"] if scope == "overall" else band["phases"][scope]
+            checks += [{"scope": scope, "metric": "kl_mean", "value": got["kl_mean"],
+                        "limit": limit["kl_mean"], "passed": got["kl_mean"] <= limit["kl_mean"]},
+                       {"scope": scope, "metric": "top1_agreement", "value": got["top1_agreement"],
+                        "limit": limit["top1_agreement"],
+                        "passed": got["top1_agreement"] >= limit["top1_agreement"]}]
+        doc.update(checks=checks, passed=all(c["passed"] for c in checks))
+    return doc
+
+
+def saved_run(tmp_path: Path, speeds=(30.0, 30.0, 33.0), gate_kl=0.0, gate_top1=1.0,
+              receipts=None, differing=(), first=None, failed_candidate_streams=0,
+              statuses=None) -> RunDir:
+    """A report directory as three finished boots leave it."""
+    plan = {"reference": {"words": "", "values": {}}, "candidate": {"words": "", "values": {}},
+            "options": {"concurrency": [1, 2], "runs": 1, "max_tokens": 24, "check_tokens": 24,
+                        "needle_words": 300}, "differing": list(differing)}
+    run_dir = RunDir.create(tmp_path / "run", plan)
+    band = quality("quality-aa", 0.001, 0.99)
+    files = {"reference-a": {"record.json": {"kind": "quality-record"}},
+             "reference-b": {"band.json": band},
+             "candidate": {"gate.json": quality("quality-gate", gate_kl, gate_top1, band, first)}}
+    for (boot, speed) in zip(BOOTS, speeds):
+        folder = run_dir.boot_dir(boot)
+        folder.mkdir(parents=True)
+        failed = failed_candidate_streams if boot == "candidate" else 0
+        files[boot]["bench.json"] = bench(speed, failed)
+        for receipt in ("solo-vs-concurrent", "resumed-vs-fresh"):
+            passed = (receipts or {}).get((boot, receipt), True)
+            files[boot][f"{receipt}.json"] = {"receipt": receipt, "passed": passed}
+        for name, doc in files[boot].items():
+            (folder / name).write_text(json.dumps(doc))
+        status = (statuses or {}).get(boot, "finished")
+        run_dir.save_boot(boot, {"boot": boot, "status": status, "settings": "",
+                                 "started_at": "2026-12-03T00:00:00Z", "boot_s": 90.0,
+                                 "measure_s": 60.0, "wall_s": 150.0,
+                                 **({"why": "rank 0 (glm53-rank0 on 192.0.2.1) is exited during "
+                                            "the bench"} if status != "finished" else {})})
+    return run_dir
+
+
+def verdict_of(run_dir: RunDir) -> results.Verdict:
+    return results.decide(results.summarize(run_dir.path, run_dir.plan), run_dir.plan)
+
+
+def test_a_passing_candidate_names_its_speed_against_the_reference_boots(tmp_path):
+    verdict = verdict_of(saved_run(tmp_path, speeds=(30.0, 30.6, 33.0)))
+    assert verdict.exit == 0
+    assert verdict.line == ("compare: candidate passes the gate and is 8.9% faster at prose c=1 "
+                            "(33.0 against 30.3 tok/s per stream; the reference's two boots "
+                            "differ by 2.0%)")
+
+
+def test_a_slower_candidate_within_the_reference_spread_still_passes_and_says_so(tmp_path):
+    verdict = verdict_of(saved_run(tmp_path, speeds=(30.0, 31.0, 30.2)))
+    assert verdict.exit == 0
+    assert verdict.line.endswith("is 1.0% slower at prose c=1 (30.2 against 30.5 tok/s per "
+                                 "stream; the reference's two boots differ by 3.3%, within that)")
+
+
+def test_the_gate_failing_fails_the_candidate_and_names_the_checks(tmp_path):
+    verdict = verdict_of(saved_run(tmp_path, gate_kl=0.004, gate_top1=0.995, differing=["MODEL"]))
+    assert verdict.exit == 1
+    assert verdict.line.startswith(
+        "compare: candidate fails: the quality gate (overall mean KL 0.004 beyond the band's "
+        "0.001; prose mean KL 0.004 beyond the band's 0.001; code mean KL 0.004 beyond the "
+        "band's 0.001; structured mean KL 0.004 beyond the band's 0.001; 1 more checks); it is "
+        "10.0% faster at prose c=1"), verdict.line
+    assert verdict.failures == [verdict.line.split("fails: ")[1].split("; it is")[0]]
+
+
+def test_top1_under_the_band_fails_alone(tmp_path):
+    verdict = verdict_of(saved_run(tmp_path, gate_kl=0.0005, gate_top1=0.98))
+    assert verdict.exit == 1
+    assert "overall top-1 agreement 0.9800 under the band's 0.9900" in verdict.line
+
+
+def test_a_receipt_failing_only_on_the_candidate_fails_it(tmp_path):
+    verdict = verdict_of(saved_run(tmp_path, receipts={("candidate", "solo-vs-concurrent"): False}))
+    assert verdict.exit == 1
+    assert verdict.failures == ["the solo-vs-concurrent receipt"]
+
+
+def test_a_receipt_failing_on_a_reference_boot_too_is_a_note(tmp_path):
+    verdict = verdict_of(saved_run(tmp_path, receipts={("candidate", "resumed-vs-fresh"): False,
+                                                       ("reference-b", "resumed-vs-fresh"): False}))
+    assert verdict.exit == 0
+    assert verdict.notes == ["resumed-vs-fresh fails on the candidate and on a reference boot too"]
+
+
+def test_failed_streams_fail_the_candidate_but_are_a_note_on_a_reference(tmp_path):
+    verdict = verdict_of(saved_run(tmp_path, failed_candidate_streams=2))
+    assert verdict.exit == 1
+    assert verdict.failures == ["the bench (2 failed stream(s) at code c=2)"]
+
+
+@pytest.mark.parametrize("differing, judged", [([], True), (["NUM_SPECULATIVE_TOKENS"], True),
+                                               (["SPEC", "ADAPTIVE_VERIFY"], True),
+                                               (["MODEL"], False),
+                                               (["NUM_SPECULATIVE_TOKENS", "IMAGE"], False)])
+def test_lossless_is_judged_only_when_the_sides_differ_in_drafting_alone(tmp_path, differing,
+                                                                         judged):
+    first = {"code": divergence("differs", 7)}
+    verdict = verdict_of(saved_run(tmp_path, differing=differing, first=first))
+    summary = results.summarize(tmp_path / "run", read_json(tmp_path / "run" / "compare.json"))
+    assert summary["lossless"]["judged"] is judged
+    if judged:
+        assert verdict.exit == 1
+        assert verdict.failures == ["lossless across boots (code: differs at position 7: a vs b)"]
+    else:
+        assert verdict.exit == 0 and "not only how tokens are drafted" in summary["lossless"]["why"]
+
+
+def test_a_near_tie_is_not_a_lossless_failure(tmp_path):
+    verdict = verdict_of(saved_run(tmp_path, first={"prose": divergence("near_tie", 3)}))
+    assert verdict.exit == 0
+
+
+def test_a_boot_that_did_not_finish_means_could_not_run(tmp_path):
+    verdict = verdict_of(saved_run(tmp_path, statuses={"candidate": "failed"}))
+    assert verdict.exit == 2
+    assert verdict.line == ("compare: could not run: boot candidate failed: rank 0 (glm53-rank0 "
+                            "on 192.0.2.1) is exited during the bench")
+
+
+def test_the_report_holds_every_table_and_the_picture(tmp_path):
+    run_dir = saved_run(tmp_path, gate_kl=0.004, differing=["MODEL"])
+    run_dir.plan["reference"]["values"] = {"MODEL": "/models/a"}
+    run_dir.plan["candidate"].update(values={"MODEL": "/models/b"}, words="MODEL=/models/b")
+    summary = results.summarize(run_dir.path, run_dir.plan)
+    verdict = results.decide(summary, run_dir.plan)
+    assert report.write(run_dir, summary, verdict) == []
+    text = (run_dir.path / "report.md").read_text()
+    assert f"**{verdict.line}**" in text
+    assert "Settings that differ: `MODEL` /models/a -> /models/b." in text
+    assert ("| prose | 1 | 30.0 (30.0) | 30.0 (30.0) | 33.0 (33.0) | +10.0% | 0.0% | "
+            "3.00 / 3.00 / 3.00 |") in text
+    assert "| overall | 0.001 | 0.004 | 0.9900 | 1.0000 | FAIL |" in text
+    assert "| solo-vs-concurrent | PASS | PASS | PASS |" in text
+    assert "Lossless across boots: not judged: the candidate changes MODEL" in text
+    assert (run_dir.path / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    saved = read_json(run_dir.path / "compare.json")
+    assert saved["verdict"]["exit"] == 1 and saved["results"]["quality"]["passed"] is False
