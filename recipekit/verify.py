@@ -10,8 +10,10 @@ import half of them without importing anything.
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from recipekit.tree import TreeView
@@ -180,22 +182,145 @@ def torch_importable(python: str = sys.executable) -> bool:
     return probe.returncode == 0
 
 
-def import_problems(root: Path, modules: list[str], python: str = sys.executable) -> list[str]:
-    """Import each module from ``root`` in a fresh interpreter; the failures, one line each."""
-    problems = []
+# Run by import_problems in an interpreter of its own, cwd the tree (argv: the answer file,
+# then the modules). Importing a module first imports each package above it, whole, in
+# order (`vllm`, then `vllm.v1`, ...), so a fork taken once a package is imported holds
+# exactly what a fresh interpreter holds at that point of importing any module below it.
+# So the interpreter imports torch (every vLLM module does, before anything of the tree),
+# then walks the modules' package tree: each package is imported once, in a fork of its
+# parent package's process, and each module in a fork of its own. A package that fails to
+# import fails every module below it with its error, as each would alone. Should torch's
+# import load anything from the tree (or fail the walk), the walk is made again without it. Writes
+# {module: [exit code, the last line of its stderr]} as JSON.
+_IMPORT_EACH = r"""
+import json, os, sys, traceback
+answer, modules = sys.argv[1], sys.argv[2:]
+sys.argv = ["-c"]  # what `python -c "import MODULE"` gives the imported code
+records = answer + ".d"  # one record per module, and each fork's stderr
+os.mkdir(records)
+
+
+def record(module, code, last):
+    with open(os.path.join(records, module), "w") as out:
+        out.write(json.dumps([code, last]))
+
+
+def import_in_fork(name):
+    err_path = os.path.join(records, "." + name + ".err")
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            # fds 2 and 1 moved under sys.stderr and sys.stdout (new file objects on them
+            # would close them when the old ones are collected)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            err = os.open(err_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(err, 2)
+            os.close(err)
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, 1)
+            os.close(null)
+            try:
+                __import__(name)
+            except BaseException:
+                traceback.print_exc()
+                sys.stderr.flush()
+                os._exit(1)
+            if name in modules:
+                record(name, 0, "")
+            walk(name)
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        with open(err_path) as err:
+            lines = err.read().strip().splitlines()
+        last = lines[-1] if lines else ("killed by signal %d" % -code if code < 0 else "no output")
+        for module in modules:
+            if (module == name or module.startswith(name + ".")) and not os.path.exists(os.path.join(records, module)):
+                record(module, code, last)
+
+
+def walk(prefix):
+    # each name one level below PREFIX on the way to a module, imported in a fork
+    depth = len(prefix.split(".")) if prefix else 0
+    heads = []
     for module in modules:
+        if not prefix or module.startswith(prefix + "."):
+            head = ".".join(module.split(".")[: depth + 1])
+            if head not in heads:
+                heads.append(head)
+    for head in heads:
+        import_in_fork(head)
+
+
+def with_torch():
+    # torch first, in a fork; should it load anything of the tree, the walk goes without it
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        pass
+    root = os.path.realpath(os.getcwd()) + os.sep
+    files = [getattr(m, "__file__", None) for m in list(sys.modules.values())]
+    if any(os.path.isabs(f) and os.path.realpath(f).startswith(root) for f in files if isinstance(f, str)):
+        os._exit(3)
+    walk("")
+    os._exit(0)
+
+
+pid = os.fork()
+if pid == 0:
+    try:
+        with_torch()
+    finally:
+        os._exit(4)
+os.waitpid(pid, 0)
+if not all(os.path.exists(os.path.join(records, module)) for module in modules):
+    for module in modules:
+        if os.path.exists(os.path.join(records, module)):
+            os.unlink(os.path.join(records, module))
+    walk("")
+results = {}
+for module in modules:
+    with open(os.path.join(records, module)) as found:
+        results[module] = json.loads(found.read())
+with open(answer, "w") as out:
+    json.dump(results, out)
+"""
+
+
+def import_problems(root: Path, modules: list[str], python: str = sys.executable) -> list[str]:
+    """Import each module from ``root`` as a fresh interpreter would; the failures, one
+    line each.
+
+    One interpreter does it for all of them (``_IMPORT_EACH``): torch and each package
+    above the modules are imported once, each module in a fork after its packages. The
+    same imports run in the same order as in a fresh interpreter per module, without
+    repeating the shared ones (vLLM's modules share most of theirs).
+    """
+    env = {
+        "PYTHONPATH": str(root),
+        # No bytecode: the tree stays exactly what was patched and verified.
+        "PYTHONDONTWRITEBYTECODE": "1",
+        # vLLM's linear kernels import humming, whose import starts two background
+        # interpreters (each importing torch) to build CUDA launchers: work for a GPU, not
+        # for an import check, and on a CPU machine they only fail.
+        "HUMMING_DISABLE_PARALLEL_BUILD": "1",
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(Path.home()),
+    }
+    with tempfile.TemporaryDirectory(prefix="import-check-") as tmp:
+        answer = Path(tmp) / "answer.json"
         result = subprocess.run(
-            [python, "-c", f"import {module}"],
-            cwd=root,
-            # No bytecode: the tree stays exactly what was patched and verified.
-            env={"PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1",
-                 "PATH": "/usr/bin:/bin", "HOME": str(Path.home())},
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
+            [python, "-c", _IMPORT_EACH, str(answer), *modules], cwd=root, env=env,
+            capture_output=True, text=True, timeout=600 * max(1, len(modules)), check=False,
         )
-        if result.returncode != 0:
+        if result.returncode != 0 or not answer.is_file():
             last = (result.stderr.strip().splitlines() or ["no output"])[-1]
-            problems.append(f"import {module} failed: {last}")
-    return problems
+            return [f"import check of {', '.join(modules)} failed: {last}"]
+        answers = json.loads(answer.read_text())
+    return [f"import {module} failed: {answers[module][1]}" for module in modules
+            if answers.get(module, [1])[0] != 0]

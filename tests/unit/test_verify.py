@@ -1,7 +1,7 @@
 """Static verification: compile errors and unresolved vLLM imports are found."""
 
 from recipekit.tree import TreeView
-from recipekit.verify import static_problems
+from recipekit.verify import import_problems, static_problems
 
 
 def make(tmp_path, files):
@@ -53,3 +53,42 @@ def test_overlay_is_what_gets_checked(tmp_path):
     assert static_problems(view, ["vllm/b.py"]) == ["vllm/b.py:1: vllm.a defines no NEW"]
     patched = view.with_overlay({"vllm/a.py": b"NEW = 2\n"})
     assert static_problems(patched, ["vllm/b.py"]) == []
+
+
+# --- import_problems: each module imported as a fresh interpreter would -------------------
+
+
+def test_each_module_is_imported_as_if_alone(tmp_path):
+    """Modules share their packages' import (one fork per package), yet none sees what
+    another imported: `b` works only after `a` ran, and is reported though `a` comes first;
+    a failing package fails every module below it with its own error, its siblings not."""
+    make(tmp_path, {
+        "vllm/__init__.py": "import sys\nsys.argv_seen = list(sys.argv)\n",
+        "vllm/shared.py": "VALUE = None\n",
+        "vllm/a.py": "import vllm.shared\nvllm.shared.VALUE = 1\n",
+        "vllm/b.py": "import vllm.shared\nassert vllm.shared.VALUE == 1, 'a was not imported'\n",
+        "vllm/c.py": "import sys\nassert sys.argv == ['-c'], sys.argv\nassert 'vllm.a' not in sys.modules\n",
+        "vllm/broken/__init__.py": "undefined_name\n",
+        "vllm/broken/d.py": "X = 1\n",
+        "vllm/ok/__init__.py": "from vllm.ok.e import E\n",
+        "vllm/ok/e.py": "E = 1\n",
+        "vllm/ok/f.py": "import vllm.nowhere\n",
+    })
+    modules = ["vllm.a", "vllm.b", "vllm.c", "vllm.broken.d", "vllm.ok.e", "vllm.ok.f", "vllm.missing"]
+    assert import_problems(tmp_path, modules) == [
+        "import vllm.b failed: AssertionError: a was not imported",
+        "import vllm.broken.d failed: NameError: name 'undefined_name' is not defined",
+        "import vllm.ok.f failed: ModuleNotFoundError: No module named 'vllm.nowhere'",
+        "import vllm.missing failed: ModuleNotFoundError: No module named 'vllm.missing'",
+    ]
+    assert not any(tmp_path.rglob("__pycache__"))  # the tree stays as patched
+
+
+def test_a_module_that_kills_its_interpreter_is_reported(tmp_path):
+    make(tmp_path, {
+        "vllm/__init__.py": "",
+        "vllm/dies.py": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n",
+        "vllm/lives.py": "X = 1\n",
+    })
+    assert import_problems(tmp_path, ["vllm.dies", "vllm.lives"]) == [
+        "import vllm.dies failed: killed by signal 9"]
