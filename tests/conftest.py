@@ -1,5 +1,6 @@
 """Shared test setup: the repository root is importable, tiers are marked by folder."""
 
+import os
 import sys
 from pathlib import Path
 
@@ -10,6 +11,12 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 _TIERS = ("unit", "vllm", "image", "engine")
+
+# vLLM 0.27.1 and later import humming (its linear kernels), whose import starts two
+# background interpreters, each importing torch, to build CUDA launchers that a CPU machine
+# cannot build: about 10 s of CPU for every process of the tests that imports vLLM's model
+# code, and nothing a test reads. Every process the tests start inherits this.
+os.environ.setdefault("HUMMING_DISABLE_PARALLEL_BUILD", "1")
 
 
 def _tier_of(nodeid: str) -> str:

@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,35 @@ def patch_layer(layer: str, root: Path, *extra: str) -> tuple[int, dict, str]:
     """scripts/patch-layer LAYER --root ROOT --json EXTRA: (exit code, its report or {}, stderr)."""
     result = run_script("scripts/patch-layer", layer, "--root", str(root), "--json", *extra)
     return result.returncode, (json.loads(result.stdout) if result.stdout.strip() else {}), result.stderr
+
+
+def run_probes(tree: Path, cases: dict[str, dict], preload: list[str], fresh: list[str],
+               env: dict[str, str] | None = None) -> dict[str, subprocess.CompletedProcess]:
+    """Run several probes (tests/vllm/probes/NAME) on one tree in one interpreter
+    (tests/vllm/probes/runner.py): it imports `preload` once, then each case runs in a fork
+    of it as if alone, `fresh` (the modules that read the cases' environment at import)
+    imported by each case itself.
+
+    cases: {name: {"script": NAME, "args": [...], "env": {...}}} -> {name: CompletedProcess}
+    with the probe's exit code, stdout and stderr. `env` (default: this process's) is the
+    environment every case starts from, with PYTHONPATH the tree.
+    """
+    with tempfile.TemporaryDirectory(prefix="probes-") as tmp:
+        request, answer = Path(tmp) / "request.json", Path(tmp) / "answer.json"
+        names = list(cases)
+        request.write_text(json.dumps({"preload": preload, "fresh": fresh, "cases": [
+            {**cases[name], "script": str(REPO_ROOT / "tests/vllm/probes" / cases[name]["script"])}
+            for name in names]}))
+        result = subprocess.run(
+            [sys.executable, str(REPO_ROOT / "tests/vllm/probes/runner.py"), str(request), str(answer)],
+            capture_output=True, text=True, timeout=900 + 300 * len(cases), check=False,
+            env={**(os.environ if env is None else env), "PYTHONPATH": str(tree),
+                 "PYTHONDONTWRITEBYTECODE": "1"},
+        )
+        assert result.returncode == 0 and answer.is_file(), result.stderr[-3000:]
+        answers = json.loads(answer.read_text())
+    return {name: subprocess.CompletedProcess(cases[name]["script"], a["returncode"], a["stdout"], a["stderr"])
+            for name, a in zip(names, answers)}
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ import pytest
 from recipekit.layers.v13_groups import (
     GROUPS, INDEXER, KPOOL_KERNELS, MODEL_RUNNER, REJECTION_SAMPLER, ROUTER, TAIL_CACHE, WEIGHT_FILTER,
 )
-from tests.vllm.conftest import REPO_ROOT, patch_layer, run_script, tree_digest
+from tests.vllm.conftest import REPO_ROOT, patch_layer, run_probes, run_script, tree_digest
 
 BASES = ["0.30.0", "fork"]
 SWITCHES = [group.variable for group in GROUPS]
@@ -27,8 +27,12 @@ def patch(root, *extra):
     return patch_layer("v13", root, *extra)[:2]
 
 
+def without_switches() -> dict[str, str]:
+    return {key: value for key, value in os.environ.items() if not key.startswith("GLM53_")}
+
+
 def run_probe(tree, name: str, switches: dict[str, str], *args: str):
-    env = {key: value for key, value in os.environ.items() if not key.startswith("GLM53_")}
+    env = without_switches()
     env.update(PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1", **switches)
     return subprocess.run(
         [sys.executable, str(REPO_ROOT / "tests/vllm/probes" / name), *args],
@@ -36,10 +40,13 @@ def run_probe(tree, name: str, switches: dict[str, str], *args: str):
     )
 
 
-def probe(tree, switches_on: bool, name: str = "v13_switches.py", *args: str, **extra: str):
-    result = run_probe(tree, name, {**({s: "1" for s in SWITCHES} if switches_on else {}), **extra}, *args)
+def report_of(result) -> dict:
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def probe(tree, switches_on: bool, name: str = "v13_switches.py", *args: str, **extra: str):
+    return report_of(run_probe(tree, name, {**({s: "1" for s in SWITCHES} if switches_on else {}), **extra}, *args))
 
 
 @pytest.fixture(scope="module", params=BASES)
@@ -51,6 +58,44 @@ def patched(request, tmp_path_factory, release):
     assert "touched modules import" in report["reason"], report
     assert {c["change"]: c["status"] for c in report["changes"]} == {g.id: "applied" for g in GROUPS}
     return request.param, root
+
+
+ON = {s: "1" for s in SWITCHES}
+# The adaptive-verify settings refused at import, and the one line each says.
+REFUSALS = [
+    ({"GLM53_ADAPTIVE_VERIFY_TAU": "1.5"},
+     "GLM53_ADAPTIVE_VERIFY_TAU='1.5': the drafter confidence a draft needs to be verified is a number in [0, 1]"),
+    ({"GLM53_ADAPTIVE_VERIFY_MAX": "5"},
+     "GLM53_ADAPTIVE_VERIFY_MAX=5: above the 4 speculative tokens a step drafts"),
+]
+# Every probe run of a patched tree: {name: (probe, its arguments, the GLM53_* it runs with)}.
+CASES = {
+    "switches-off": ("v13_switches.py", [], {}),
+    "switches-on": ("v13_switches.py", [], ON),
+    "adaptive-tau-0.3": ("adaptive_verify.py", [], {**ON, "GLM53_ADAPTIVE_VERIFY_TAU": "0.3"}),
+    "adaptive-capped": ("adaptive_verify.py", [], {**ON, "GLM53_ADAPTIVE_VERIFY_TAU": "0",
+                                                   "GLM53_ADAPTIVE_VERIFY_MAX": "1"}),
+    "adaptive-off": ("adaptive_verify.py", [], {}),
+    **{f"adaptive-refused-{i}": ("adaptive_verify.py", [], {"GLM53_ADAPTIVE_VERIFY": "1", **switches})
+       for i, (switches, _) in enumerate(REFUSALS)},
+    "skip-mtp-on": ("skip_mtp_weights.py", ["dflash"], {"GLM53_SKIP_MTP_WEIGHTS": "1"}),
+    "skip-mtp-off": ("skip_mtp_weights.py", ["dflash"], {}),
+    "skip-mtp-drafter": ("skip_mtp_weights.py", ["mtp"], {"GLM53_SKIP_MTP_WEIGHTS": "1"}),
+}
+# What every case imports and no GLM53_* variable changes: loaded once for all of them. The
+# switch module reads GLM53_* at import, so each case imports it (and every patched module,
+# which all import it) under its own variables; the runner refuses a preload that loads it.
+SHARED_IMPORTS = ["torch", "vllm.config", "vllm.platforms.cpu", "vllm.model_executor.layers.layernorm"]
+
+
+@pytest.fixture(scope="module")
+def probed(patched):
+    """{case: the probe's CompletedProcess} for every case of CASES on the patched tree, each
+    run as if alone (tests/vllm/probes/runner.py): one interpreter's imports for the ten."""
+    return run_probes(patched[1], {name: {"script": script, "args": args, "env": switches}
+                                   for name, (script, args, switches) in CASES.items()},
+                      preload=SHARED_IMPORTS, fresh=["vllm.glm53_v13_switches"],
+                      env=without_switches())
 
 
 def test_the_fork_shape_carries_the_fork_era_text_v13_patches(release):
@@ -74,16 +119,16 @@ def test_v13_is_then_already_applied_and_touches_only_its_files(patched, release
     assert {n for n, d in before.items() if stock.get(n) != d} == V13_FILES
 
 
-def test_with_every_switch_off_the_patched_code_computes_what_v11_did(patched):
-    report = probe(patched[1], switches_on=False)
+def test_with_every_switch_off_the_patched_code_computes_what_v11_did(probed):
+    report = report_of(probed["switches-off"])
     assert report["switches"] == {} and report["kpool_tail_fix"] is False
     assert set(report["tail_block"].values()) == {4}  # kpool, whatever k or the block size
     assert report["workspace_entries"] == 327_680 * 40
     assert report["router_dtype"] == "torch.bfloat16"
 
 
-def test_with_the_switches_on(patched):
-    report = probe(patched[1], switches_on=True)
+def test_with_the_switches_on(probed):
+    report = report_of(probed["switches-on"])
     assert report["tail_block"]["k7-b2304"] == 16  # next power of two >= 7 + 4 - 1
     assert report["tail_block"]["k4-b2304"] == report["tail_block"]["k5-b2304"] == 8
     assert report["tail_block"]["k0-b2304"] == 4
@@ -125,8 +170,8 @@ def test_0_33_0_provides_the_ring_and_workspace_and_takes_the_router_switch(tree
 ADAPTIVE_DRAFTS_AT_TAU_0_3 = [[100, 101, 102, -1, -1], [105, -1, -1, -1, -1], [110, 111, 112, 113, 114]]
 
 
-def test_adaptive_verify_masks_the_drafts_past_the_confident_prefix_of_greedy_requests(patched):
-    report = probe(patched[1], True, "adaptive_verify.py", GLM53_ADAPTIVE_VERIFY_TAU="0.3")
+def test_adaptive_verify_masks_the_drafts_past_the_confident_prefix_of_greedy_requests(probed):
+    report = report_of(probed["adaptive-tau-0.3"])
     # request slots 4, 1, 2; the other slots keep "verify all" (4) until the drafter reports
     assert report["verify_len"] == [4, 0, 1, 4, 2, 4]
     assert report["drafts_given"] == ADAPTIVE_DRAFTS_AT_TAU_0_3  # the anchor row is never a draft
@@ -134,26 +179,22 @@ def test_adaptive_verify_masks_the_drafts_past_the_confident_prefix_of_greedy_re
     assert router["masked_rows"] == [5, 6, 8, 9, 10, 11]
     assert router["first_call_unchanged"] and router["others_unchanged"]
     assert router["masked_take_anchor_ids"] and router["masked_weight_zero"]
-    capped = probe(patched[1], True, "adaptive_verify.py", GLM53_ADAPTIVE_VERIFY_TAU="0", GLM53_ADAPTIVE_VERIFY_MAX="1")
+    capped = report_of(probed["adaptive-capped"])
     assert capped["verify_len"] == [4, 1, 1, 4, 1, 4]
     assert capped["drafts_given"][0] == [100, 101, -1, -1, -1]
 
 
-def test_adaptive_verify_off_changes_nothing(patched):
-    report = probe(patched[1], False, "adaptive_verify.py")
+def test_adaptive_verify_off_changes_nothing(probed):
+    report = report_of(probed["adaptive-off"])
     assert report["verify_len"] is None and report["drafts_given"] == report["drafts"]
     assert report["router"]["masked_rows"] == [] and report["router"]["first_call_unchanged"]
     assert report["router"]["others_unchanged"]
 
 
-@pytest.mark.parametrize("switches, message", [
-    ({"GLM53_ADAPTIVE_VERIFY_TAU": "1.5"},
-     "GLM53_ADAPTIVE_VERIFY_TAU='1.5': the drafter confidence a draft needs to be verified is a number in [0, 1]"),
-    ({"GLM53_ADAPTIVE_VERIFY_MAX": "5"},
-     "GLM53_ADAPTIVE_VERIFY_MAX=5: above the 4 speculative tokens a step drafts"),
-])
-def test_adaptive_verify_refuses_bad_settings_in_one_line(patched, switches, message):
-    result = run_probe(patched[1], "adaptive_verify.py", {"GLM53_ADAPTIVE_VERIFY": "1", **switches})
+@pytest.mark.parametrize("index, switches, message", [(i, *r) for i, r in enumerate(REFUSALS)])
+def test_adaptive_verify_refuses_bad_settings_in_one_line(probed, index, switches, message):
+    assert CASES[f"adaptive-refused-{index}"][2] == {"GLM53_ADAPTIVE_VERIFY": "1", **switches}
+    result = probed[f"adaptive-refused-{index}"]
     assert result.returncode != 0
     assert message in result.stderr.strip().splitlines()[-1]
 
@@ -162,16 +203,15 @@ MTP_LAYER = ["model.layers.45.mlp.experts.3.down_proj.weight", "model.layers.45.
              "layers.45.enorm.weight"]
 
 
-def test_the_mtp_layer_weights_are_skipped_unread_only_when_asked(patched):
-    root = patched[1]
-    on = probe(root, False, "skip_mtp_weights.py", "dflash", GLM53_SKIP_MTP_WEIGHTS="1")
+def test_the_mtp_layer_weights_are_skipped_unread_only_when_asked(probed):
+    on = report_of(probed["skip-mtp-on"])
     assert on == {"without_ep": MTP_LAYER, "with_ep": MTP_LAYER}  # layer 44, 4, 450 and dense kept
-    off = probe(root, False, "skip_mtp_weights.py", "dflash")
+    off = report_of(probed["skip-mtp-off"])
     assert off == {"without_ep": [], "with_ep": [MTP_LAYER[0]]}  # expert 3 is not local: as served
 
 
-def test_skipping_the_mtp_weights_refuses_the_mtp_drafter(patched):
-    result = run_probe(patched[1], "skip_mtp_weights.py", {"GLM53_SKIP_MTP_WEIGHTS": "1"}, "mtp")
+def test_skipping_the_mtp_weights_refuses_the_mtp_drafter(probed):
+    result = probed["skip-mtp-drafter"]
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads(result.stdout.strip().splitlines()[-1])["refused"].startswith(
         "GLM53_SKIP_MTP_WEIGHTS=1: the drafter is the checkpoint's MTP head")
