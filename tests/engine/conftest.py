@@ -128,6 +128,43 @@ class Fleet:
             server.stop()
 
 
+# The files whose tests use the session's fleet: under xdist (scripts/test runs this tier
+# on two workers with --dist loadfile) they run on one worker, so the fleet boots once. The
+# controller schedules before any test is collected, so it reads this list; every worker
+# checks it against the tests' fixtures.
+FLEET_FILES = frozenset({"test_bench_engine.py", "test_launcher_engine.py", "test_models_engine.py",
+                         "test_probes_engine.py", "test_receipts_engine.py"})
+ENGINE_TIER = Path(__file__).resolve().parent
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadfile, with the fleet's files as one unit. (xdist's loadgroup would do it
+    by marker, but it renames node ids, which pytest 9 no longer lets a plugin do.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class FleetFileScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = nodeid.split("::", 1)[0]
+            return "fleet" if Path(file).name in FLEET_FILES else file
+
+    return FleetFileScheduling(config, log)
+
+
+def pytest_collection_modifyitems(items):
+    """Refuses a stale FLEET_FILES: a file must be listed exactly when a test of it uses
+    the fleet."""
+    ours = [item for item in items if ENGINE_TIER in item.path.parents]
+    using = {item.path.name for item in ours if "fleet" in getattr(item, "fixturenames", ())}
+    collected = {item.path.name for item in ours}
+    stale = (using ^ FLEET_FILES) & collected
+    if stale:
+        raise pytest.UsageError(f"tests/engine/conftest.py: FLEET_FILES is wrong for "
+                                f"{', '.join(sorted(stale))}: list exactly the files whose tests "
+                                f"use the fleet")
+
+
 def pytest_collection_finish(session):
     """The servers the collected tests use: fixtures `server_NAME`, and `server` given NAME
     by indirect parametrisation."""
