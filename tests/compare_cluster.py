@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.procs import process_stats
 from tests.timing import HANG_GUARD_S
 from tests.unit.test_launcher_support import DRAFTER_PIN, FAKE_SSH, REPO, launcher_env, sealed_bin
 
@@ -34,16 +35,8 @@ def free_port() -> int:
 
 def live_group_members(pgid: int) -> list[int]:
     """Processes of process group PGID that still run (zombies are done)."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rpartition(")")[2].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-                members.append(int(entry.name))
-    return members
+    return [pid for pid, fields in process_stats()
+            if int(fields[2]) == pgid and fields[0] not in ("Z", "X")]
 
 
 @dataclass

@@ -29,6 +29,7 @@ from launcher import cli, doctor
 from tests.engine.cache import progress
 from tests.engine.conftest import TINY_CONTEXT, TINY_SERVE_ARGS
 from tests.engine.engine_server import EngineServer
+from tests.procs import process_stats
 from tests.timing import HANG_GUARD_S
 from tests.unit.test_launcher_lifecycle import HEAD, make_cluster, serve
 from tests.unit.test_launcher_support import launcher_env, run, sealed_bin
@@ -63,16 +64,7 @@ def start_engine(engine, models, tmp_path) -> EngineServer:
 
 
 def child_pids(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rpartition(")")[2].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                found.append(int(entry.name))
-    return found
+    return [child for child, fields in process_stats() if int(fields[1]) == pid]
 
 
 def cmdline(pid: int) -> str:
