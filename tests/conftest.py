@@ -2,6 +2,7 @@
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -37,12 +38,23 @@ def pytest_collection_modifyitems(items):
 # per-tier costs are read from here.
 _TIER_SECONDS: dict[str, float] = {}
 _TIER_TESTS: dict[str, set[str]] = {}
+# Under xdist, when each worker finished its last test (epoch seconds): a worker that ends
+# long before the other is wall time one core sat idle, which the test order decides.
+_WORKER_DONE: dict[str, float] = {}
+_SESSION_START: list[float] = []
+
+
+def pytest_sessionstart(session):
+    _SESSION_START.append(time.time())
 
 
 def pytest_runtest_logreport(report):
     tier = _tier_of(report.nodeid)
     _TIER_SECONDS[tier] = _TIER_SECONDS.get(tier, 0.0) + report.duration
     _TIER_TESTS.setdefault(tier, set()).add(report.nodeid)
+    worker = getattr(getattr(report, "node", None), "gateway", None)
+    if worker is not None and getattr(report, "stop", None):
+        _WORKER_DONE[worker.id] = max(_WORKER_DONE.get(worker.id, 0.0), report.stop)
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -53,3 +65,9 @@ def pytest_terminal_summary(terminalreporter):
         minutes, seconds = divmod(round(_TIER_SECONDS[tier]), 60)
         terminalreporter.write_line(
             f"{tier:7} {len(_TIER_TESTS[tier]):4} tests  {minutes:3d} min {seconds:02d} s")
+    if len(_WORKER_DONE) > 1 and _SESSION_START:
+        last = max(_WORKER_DONE.values())
+        for worker, done in sorted(_WORKER_DONE.items()):
+            terminalreporter.write_line(
+                f"worker {worker}: last test done {done - _SESSION_START[0]:5.0f} s after the "
+                f"start, {last - done:4.0f} s before the last worker")

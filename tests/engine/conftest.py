@@ -30,10 +30,14 @@ TINY_CONTEXT = 4096
 # agree exactly), eager (torch.compile costs 25-85 s a start here and the launcher test
 # covers it), room for the bench's 4 streams plus warm-up, and 32-token blocks (the CPU
 # kernel's smallest; the default 128 would leave a receipt's short turns without a full
-# block to serve from the prefix cache)
+# block to serve from the prefix cache), and the worker inside the engine core process (on
+# CPU vLLM spawns it apart even at one rank: an interpreter importing torch and vLLM, about
+# 10 s of CPU a boot, for a split nothing here reads; the launcher's and two-rank servers
+# keep run.sh's executor)
 TINY_SERVE_ARGS = ["--max-model-len", str(TINY_CONTEXT), "--dtype", "float32",
                    "--enforce-eager", "--kv-cache-memory-bytes", str(256 << 20),
-                   "--max-num-seqs", "8", "--block-size", "32"]
+                   "--max-num-seqs", "8", "--block-size", "32",
+                   "--distributed-executor-backend", "uni"]
 
 
 @dataclass(frozen=True)

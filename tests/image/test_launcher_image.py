@@ -181,11 +181,19 @@ def test_a_rebuilt_image_gets_a_new_jit_directory(launcher_env, tmp_path):
     assert f"glm53: JIT cache: {new_jit} on every node" in second.stdout
 
 
+def sigint_as_at_a_terminal() -> None:
+    """In the child before run.sh: SIGINT back to its default, as Ctrl-C at a terminal finds
+    it. A test run started in the background by a shell without job control (CI, nohup) has
+    SIGINT ignored, and an ignored signal stays ignored across exec: run.sh then never saw
+    the interrupt and stopped only when READY_TIMEOUT ran out, 120 s later."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_doctor_tells_loading_ready_mismatch_down_and_missing(launcher_env, tmp_path):
     # A boot that never finishes (rank 0 waits 10 minutes to listen): loading; then Ctrl-C.
     env = {**launcher_env, "DOCKER_ARGS": "--init --env FAKE_VLLM_STARTUP_SECONDS=600"}
     run = subprocess.Popen([str(REPO_ROOT / "run.sh")], env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
+                           stderr=subprocess.PIPE, text=True, preexec_fn=sigint_as_at_a_terminal)
     deadline = time.monotonic() + HANG_GUARD_S
     while len(docker("ps", "--filter", "status=running", "--filter", SERVE_LABEL,
                      "--format", "{{.Names}}").stdout.split()) < 2:
@@ -195,7 +203,10 @@ def test_doctor_tells_loading_ready_mismatch_down_and_missing(launcher_env, tmp_
     assert loading.returncode == 4, loading.stdout + loading.stderr
     assert loading.stdout.splitlines()[-1] == "doctor: state loading (exit 4)"
     run.send_signal(signal.SIGINT)
-    run.communicate(timeout=HANG_GUARD_S)
+    _, stderr = run.communicate(timeout=HANG_GUARD_S)
+    # stopped by the interrupt (130), not by READY_TIMEOUT running out (1)
+    assert run.returncode == 130, stderr
+    assert "start-up did not finish; stopping every rank" in stderr, stderr
     assert serve_containers() == []
 
     env = launcher_env
