@@ -1,0 +1,145 @@
+"""v8_moe_scales on every pinned tree: vLLM's ModelOpt NVFP4 fused MoE honours each half's
+global scale (docs/integrity.md). The layer applies, is then already applied, and is refused
+or found provided by shape; vLLM's own create_weights and process_weights_after_loading, run
+on CPU (tests/vllm/probes/moe_global_scales.py), give the kernel the checkpoint's weights
+within the fold's bound, where stock vLLM gives the up half off by the planted ratio."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from recipekit.layers.v8_moe_scales import HELPER, TARGET
+from tests.vllm.conftest import REPO_ROOT, patch_layer
+
+TREES = ("0.27.1", "fork", "0.30.0", "0.33.0")
+PROBE = REPO_ROOT / "tests/vllm/probes/moe_global_scales.py"
+RELATIVE_BOUND = 2.0 ** -4  # the probe's: half an E4M3 step
+
+
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory, release):
+    """Each tree patched by v8_moe_scales, and the probe's JSON on it (the four at once)."""
+    runs = {}
+    for version in TREES:
+        root = tmp_path_factory.mktemp(f"moe-{version}")
+        shutil.copytree(release(version), root, dirs_exist_ok=True, copy_function=os.link)
+        code, report, stderr = patch_layer("v8_moe_scales", root, "--import-check", "off")
+        assert code == 0 and report["outcome"] == "applied", (version, report, stderr)
+        runs[version] = subprocess.Popen(
+            [sys.executable, str(PROBE)], cwd=root, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(root)})
+    out = {}
+    for version, process in runs.items():
+        stdout, stderr = process.communicate(timeout=600)
+        assert process.returncode == 0, (version, stderr[-3000:])
+        out[version] = json.loads(stdout.strip().splitlines()[-1])
+    return out
+
+
+@pytest.mark.parametrize("version", TREES)
+def test_stock_vllm_gives_the_up_half_off_by_the_planted_ratio(probed, version):
+    doc = probed[version]
+    stock = doc["stock"]
+    for expert, ratio in enumerate(doc["ratios"]):
+        gate_error, up_error = stock["relative_error"][expert]
+        gate, up = doc["globals"][expert]
+        assert gate_error == 0.0  # the gate's own global: exact
+        assert up / gate == pytest.approx(ratio, rel=1e-6)
+        # every up block scale times the gate's global: off by exactly gate / up
+        assert up_error == pytest.approx(abs(gate / up - 1), rel=1e-9, abs=0), (expert, ratio)
+    # beyond what rounding a block scale could explain, the check fails stock vLLM
+    assert stock["failing"] == [e for e, r in enumerate(doc["ratios"]) if abs(r - 1) > 0.07]
+
+
+@pytest.mark.parametrize("version", TREES)
+def test_fixed_vllm_gives_the_checkpoints_weights_within_the_folds_bound(probed, version):
+    fixed = probed[version]["fixed"]
+    assert fixed["failing"] == [] and not any(fixed["outside_bound"])
+    for expert, errors in enumerate(fixed["relative_error"]):
+        assert max(errors) <= RELATIVE_BOUND, (expert, errors)
+
+
+@pytest.mark.parametrize("version", TREES)
+def test_a_wrong_way_fold_and_a_global_one_percent_off_are_caught(probed, version):
+    doc = probed[version]
+    # the wrong way round differs from the right way only where a block scale can move
+    assert doc["wrong_way"]["failing"] == [
+        e for e, r in enumerate(doc["ratios"]) if abs(r - 1) > 0.07]
+    assert doc["global_off_1pct"]["failing"] == list(range(len(doc["ratios"])))
+
+
+@pytest.mark.parametrize("version", TREES)
+def test_equal_scales_load_bit_identical_to_stock(probed, version):
+    equal = probed[version]["equal_scales"]
+    assert equal["stock"] == equal["fixed"]
+
+
+def test_the_searched_global_errs_no_more_than_max_or_gate(probed):
+    """The choice of global, measured on ModelOpt-shaped weights (docs/integrity.md's table):
+    the search never errs more than max; the gate's global overflows E4M3 when up > gate."""
+    policies = probed["0.30.0"]["policies"]
+    ratios = probed["0.30.0"]["ratios"]
+    for expert, ratio in enumerate(ratios):
+        searched = policies["searched"]["relative_error"][expert]
+        assert searched <= policies["max"]["relative_error"][expert] + 1e-12
+        assert searched <= policies["gate"]["relative_error"][expert] + 1e-12
+        assert policies["max"]["overflow_blocks"][expert] == 0
+        if ratio >= 1.3:
+            assert policies["gate"]["overflow_blocks"][expert] > 0
+    assert max(policies["searched"]["relative_error"]) < 0.02
+
+
+@pytest.mark.parametrize("version", TREES)
+def test_applies_then_is_already_applied(tree_copy, version):
+    root = tree_copy(version)
+    code, report, _ = patch_layer("v8_moe_scales", root, "--import-check", "off")
+    assert (code, report["outcome"]) == (0, "applied")
+    assert sorted(report["files"]) == sorted([TARGET, HELPER])
+    source = (root / TARGET).read_text()
+    assert "    @fold_w13_global_scales\n    def process_weights_after_loading(" in source
+    code, report, _ = patch_layer("v8_moe_scales", root, "--import-check", "off")
+    assert (code, report["outcome"]) == (0, "already-applied")
+
+
+GATE_ONLY = "w13_weight_scale_2 = layer.w13_weight_scale_2[:, 0].contiguous()"
+
+
+def _edit(root, old: str, new: str) -> None:
+    path = root / TARGET
+    text = path.read_text()
+    assert text.count(old) == 1
+    path.unlink()  # a hard link into the cache: replace, never write through
+    path.write_text(text.replace(old, new))
+
+
+def test_a_base_that_honours_each_half_is_found_provided(tree_copy):
+    root = tree_copy("0.30.0")
+    _edit(root, GATE_ONLY, "w13_weight_scale_2 = reconcile(layer).contiguous()")
+    _edit(root, '"w1_weight_scale_2 must match w3_weight_scale_2. "', '"reconciled "')
+    code, report, _ = patch_layer("v8_moe_scales", root, "--import-check", "off")
+    assert (code, report["outcome"]) == (0, "provided-by-base"), report
+    assert "#55073" in report["reason"]
+
+
+def test_a_base_that_still_warns_but_picks_otherwise_is_refused(tree_copy):
+    root = tree_copy("0.30.0")
+    before = (root / TARGET).read_bytes()
+    _edit(root, GATE_ONLY, "w13_weight_scale_2 = layer.w13_weight_scale_2.amax(1)")
+    code, report, _ = patch_layer("v8_moe_scales", root, "--import-check", "off")
+    assert (code, report["outcome"]) == (3, "refused")
+    assert TARGET in report["reason"] and "drifted" in report["reason"]
+    assert (root / TARGET).read_bytes() != before and not (root / HELPER).exists()
+
+
+def test_a_base_without_the_method_is_refused(tree_copy):
+    root = tree_copy("0.30.0")
+    _edit(root, "class ModelOptNvFp4FusedMoE(", "class RenamedNvFp4FusedMoE(")
+    code, report, _ = patch_layer("v8_moe_scales", root, "--import-check", "off")
+    assert (code, report["outcome"]) == (3, "refused")
+    assert "ModelOptNvFp4FusedMoE.process_weights_after_loading not found" in report["reason"]
