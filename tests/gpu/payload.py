@@ -42,7 +42,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 VERSION = "0.30.0"
-LAYERS = ("v9", "v10", "v11", "v13", "v13_weights")
+LAYERS = ("v8_moe_scales", "v9", "v10", "v11", "v13", "v13_weights")
 LOCK = Path(__file__).with_name("requirements.txt")
 CALL_LIMIT = 64 << 20  # what one call of the device tool carries, the repository included
 PART_A_SO = ("vllm/_flashmla_C.abi3.so", "vllm/_flashmla_extension_C.abi3.so",
