@@ -18,7 +18,7 @@ REGIONS = {
 }
 # The rows of the checkpoints table, one a [checkpoints] fact, in CHECKPOINT_FACTS' order.
 FACT_ROWS = {"format": "format", "precisions": "precisions", "size": "size",
-             "revisions": "revisions", "moe_scales": "MoE gate/up global scales", "mtp": "MTP"}
+             "revisions": "revisions", "moe_scales": "MoE gate/up global scales", "mtp": "MTP head"}
 
 
 def _cell(text: str) -> str:
