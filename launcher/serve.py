@@ -280,7 +280,11 @@ class Serving:
         if not self.plan.scan_checkpoint:
             return
         model, image = self["MODEL"], self["IMAGE"]
-        scanned = self.nodes.run(0, self.plan.scan_checkpoint, capture=True)
+        say(f"scanning {model} in {image} (config, safetensors headers, the experts' global "
+            "scales; no weights)")
+        # stderr kept: its last line is the scan's reason when it cannot read the directory
+        scanned = subprocess.run(self.nodes.argv(0, self.plan.scan_checkpoint), text=True,
+                                 stdin=subprocess.DEVNULL, capture_output=True, check=False)
         try:
             if scanned.returncode != 0:
                 said = (scanned.stderr.strip().splitlines() or ["no output"])[-1]
