@@ -285,16 +285,15 @@ class Serving:
         # stderr kept: its last line is the scan's reason when it cannot read the directory
         scanned = subprocess.run(self.nodes.argv(0, self.plan.scan_checkpoint), text=True,
                                  stdin=subprocess.DEVNULL, capture_output=True, check=False)
+        if scanned.returncode != 0:
+            self.scan_problem(*scan_verdict.failure(image, scanned.returncode, scanned.stderr))
+            return
         try:
-            if scanned.returncode != 0:
-                said = (scanned.stderr.strip().splitlines() or ["no output"])[-1]
-                raise scan_verdict.BadReport(f"it exited {scanned.returncode}: {said}")
             verdict = scan_verdict.judge(json.loads(scanned.stdout), image, self.checked.recipe,
                                          self.plan.chain_image)
         except (ValueError, scan_verdict.BadReport) as error:
-            self.scan_problem(f"the checkpoint scan in {image} failed ({error})",
-                              "a checkpoint directory the scan reads, or CHECKPOINT_SCAN=off to "
-                              "boot without the scan")
+            self.scan_problem(f"the checkpoint scan in {image} printed no report it reads "
+                              f"({error})", "CHECKPOINT_SCAN=off to boot without the scan")
             return
         say(f"checkpoint {model}: {verdict.summary}")
         if verdict.problem:

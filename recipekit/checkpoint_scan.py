@@ -37,7 +37,8 @@ from safetensors import SafetensorError, safe_open
 CONFIG = "config.json"
 HF_QUANT_CONFIG = "hf_quant_config.json"
 SHARD_INDEX = "model.safetensors.index.json"
-# The image layer whose MoE scale fold corrects ModelOpt NVFP4 experts (recipekit/layers/v8.py).
+# The image layer whose MoE scale fold (its v8_moe_scales patcher) corrects ModelOpt NVFP4
+# experts: every chain image from it on carries the fold.
 FIX_LAYER = 8
 # ModelOpt's NVFP4 quant_algo values (vLLM 0.30.0 modelopt.py, LINEAR_ALGOS).
 MODELOPT_NVFP4_ALGOS = ("NVFP4", "W4A16_NVFP4")

@@ -165,6 +165,18 @@ def test_dry_run_shows_the_step_for_a_local_model_only(tmp_path):
     assert comments() == []  # a Hub MODEL
 
 
+def test_an_image_without_the_scan_is_told_to_rebuild():
+    why, accepted = scan_verdict.failure(IMAGE, 2, "python3: can't open file "
+                                         "'/opt/glm53-recipe/scripts/scan-checkpoint': [Errno 2] "
+                                         "No such file or directory\n")
+    assert why.startswith(f"IMAGE={IMAGE} has no scripts/scan-checkpoint: it was built before")
+    assert accepted.startswith("the chain rebuilt (scripts/build.sh")
+    why, accepted = scan_verdict.failure(IMAGE, 3, "scan-checkpoint: read 1/2 shards\n"
+                                         "scan-checkpoint: /m/x.safetensors: unreadable\n")
+    assert why == (f"the checkpoint scan in {IMAGE} failed (it exited 3: scan-checkpoint: "
+                   "/m/x.safetensors: unreadable)")
+
+
 def report(needed=True, from_layer=8):
     return {"summary": "S", "fix": {"needed": needed, "from_layer": from_layer, "says": "W"},
             "routed_experts": {"differ": 1, "pairs": 2, "largest_ratio": 3.0}}
