@@ -233,6 +233,13 @@ def _model(checked: Checked, knob: Knob) -> None:
     elif not _REPO_ID.fullmatch(model):
         raise refusal("MODEL", model, "accepted: a Hugging Face repo id (org/name) or an "
                       "absolute directory")
+    known = checked.recipe.checkpoints.get(model)
+    spec = checked["SPEC"]
+    if known and spec in known.spec_refused:
+        others = [choice for choice in checked.recipe.knobs["SPEC"].choices
+                  if choice not in known.spec_refused]
+        raise refusal("SPEC", spec, f"{model}: {known.spec_refused[spec]}; accepted: "
+                      f"{' | '.join(others)}, or another MODEL")
 
 
 def _model_revision(checked: Checked, knob: Knob) -> None:

@@ -37,6 +37,16 @@ def known(pins_file: str, repo: str, override: str, catalog_pin: str) -> str:
     return override or catalog_pin or recorded(pins_file, repo)
 
 
+def require_known(repo: str, commit: str, prefix: str, found_by: str, then: str) -> None:
+    """Refuses COMMIT of REPO (FOUND_BY says where it came from) unless it starts with PREFIX,
+    the latest revision the recipe knows ([checkpoints]); THEN is the way back besides
+    MODEL_REVISION."""
+    if prefix and not commit.startswith(prefix):
+        raise refusal("MODEL", repo, f"{found_by} {commit}, not {prefix}, the latest revision "
+                      "recipe.toml knows of it ([checkpoints]); a new revision is not served "
+                      f"unasked; accepted: {then}, or MODEL_REVISION={commit} to serve it")
+
+
 def record(pins_file: str, repo: str, commit: str) -> None:
     path = Path(pins_file)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -35,6 +35,7 @@ CONTAINER_HF_HOME = "/root/.cache/huggingface"
 CONTAINER_JIT_DIR = "/var/cache/glm53-jit"
 CONTAINER_TOKEN_PATH = "/run/secrets/hf_token"
 IN_IMAGE_PREPARE_DRAFTER = "/opt/glm53-recipe/scripts/prepare-drafter"
+IN_IMAGE_SCAN_CHECKPOINT = "/opt/glm53-recipe/scripts/scan-checkpoint"
 RESOLVE_CODE = ("import sys; from huggingface_hub import HfApi; "
                 "print(HfApi().model_info(sys.argv[1]).sha)")
 FETCH_CODE = ("import sys; from huggingface_hub import snapshot_download; "
@@ -146,10 +147,15 @@ def settle(checked: Checked, nodes: Nodes, resolved: Mapping[str, str] | None = 
     else what this run RESOLVED (repo -> commit), else the DRY_RUN placeholder."""
     resolved = resolved or {}
     model_pin, drafter_pin = "", ""
-    if not checked["MODEL"].startswith("/"):
-        known = checked.recipe.pins.get(checked["MODEL"], ("", ""))[0]
-        model_pin = (pins.known(checked["PINS_FILE"], checked["MODEL"], checked["MODEL_REVISION"],
-                                known) or resolved.get(checked["MODEL"]) or UNPINNED)
+    model = checked["MODEL"]
+    if not model.startswith("/"):
+        given = checked["MODEL_REVISION"] or checked.recipe.pins.get(model, ("", ""))[0]
+        recorded = "" if given else pins.recorded(checked["PINS_FILE"], model)
+        if recorded and model in checked.recipe.checkpoints:
+            pins.require_known(model, recorded, checked.recipe.checkpoints[model].revision_prefix,
+                               f"{checked['PINS_FILE']} records",
+                               "delete that line to resolve it again")
+        model_pin = given or recorded or resolved.get(model) or UNPINNED
     drafter = checked.drafter
     if checked["SPEC"] == "dflash2":
         if drafter.local:
@@ -175,6 +181,8 @@ class Plan:
     resolve: dict[str, list[str]]
     fetch_snapshot: list[str]
     prepare_drafter: list[str]
+    # The scan of a local MODEL on the head (CHECKPOINT_SCAN), or [] when there is none.
+    scan_checkpoint: list[str]
     ranks: list[RankPlan]
 
 
@@ -194,6 +202,7 @@ def build(checked: Checked, nodes: Nodes, root: Path, resolved: Mapping[str, str
                  if pin == UNPINNED},
         fetch_snapshot=fetch_snapshot_argv(launch) if hub_drafter else [],
         prepare_drafter=prepare_drafter_argv(launch) if launch.dflash2 else [],
+        scan_checkpoint=scan_checkpoint_argv(launch) if scans_checkpoint(launch) else [],
         ranks=rank_plans(launch))
 
 
@@ -395,6 +404,17 @@ def fetch_snapshot_argv(launch: Launch) -> list[str]:
 def prepare_drafter_argv(launch: Launch) -> list[str]:
     return tool_argv(launch, "none", IN_IMAGE_PREPARE_DRAFTER, launch.draft_snapshot,
                      "--out", launch.draft_dir, "--window", launch["DRAFTER_WINDOW"], "--json")
+
+
+def scans_checkpoint(launch: Launch) -> bool:
+    """A local MODEL is scanned before the ranks start (a Hub one has no snapshot here yet)."""
+    return launch.local_model and launch["CHECKPOINT_SCAN"] != "off"
+
+
+def scan_checkpoint_argv(launch: Launch) -> list[str]:
+    """scripts/scan-checkpoint of the serving image on the local MODEL (mounted read-only at
+    its own path): headers and the experts' global scales, no weights; no network."""
+    return tool_argv(launch, "none", IN_IMAGE_SCAN_CHECKPOINT, launch["MODEL"], "--json")
 
 
 def image_id_argv(image: str) -> list[str]:

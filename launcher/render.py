@@ -1,5 +1,5 @@
 """recipe.toml as Markdown: the knob, profile and fixed-part tables of README.md and
-docs/launcher.md. scripts/render-docs writes them between `<!-- recipe:NAME -->` and
+docs/launcher.md, and the known checkpoints of docs/checkpoints.md. scripts/render-docs writes them between `<!-- recipe:NAME -->` and
 `<!-- /recipe:NAME -->`; tests/unit/test_recipe_docs.py fails while a render is stale.
 """
 
@@ -7,14 +7,18 @@ from __future__ import annotations
 
 import re
 
-from recipekit.recipe import Knob, Recipe
+from recipekit.recipe import CHECKPOINT_FACTS, Knob, Recipe
 
 EMPTY = "—"
 # file -> the regions rendered into it
 REGIONS = {
     "README.md": ("front-knobs", "profiles"),
     "docs/launcher.md": ("knobs", "profiles", "fixed"),
+    "docs/checkpoints.md": ("checkpoints",),
 }
+# The rows of the checkpoints table, one a [checkpoints] fact, in CHECKPOINT_FACTS' order.
+FACT_ROWS = {"format": "format", "precisions": "precisions", "size": "size",
+             "revisions": "revisions", "moe_scales": "MoE gate/up global scales", "mtp": "MTP head"}
 
 
 def _cell(text: str) -> str:
@@ -92,8 +96,42 @@ def fixed_table(recipe: Recipe) -> str:
     return "\n".join(rows)
 
 
+def checkpoints_table(recipe: Recipe) -> str:
+    """The known checkpoints side by side: a column each, a row per fact, then what the
+    launcher does with them and the sources."""
+    known = list(recipe.checkpoints.values())
+    rows = ["| | " + " | ".join(f"`{entry.repo}`" for entry in known) + " |",
+            "|---|" + "---|" * len(known)]
+    for name in CHECKPOINT_FACTS:
+        cells = []
+        for entry in known:
+            text = entry.facts.get(name, "")
+            if name == "mtp" and "mtp" in entry.spec_refused:
+                text = f"`SPEC=mtp` refused: {entry.spec_refused['mtp']}"
+            cells.append(_cell(text) if text else EMPTY)
+        rows.append(f"| {FACT_ROWS[name]} | " + " | ".join(cells) + " |")
+    rows.append("| the launcher | " + " | ".join(_launcher_cell(recipe, entry) for entry in known)
+                + " |")
+    rows.append("| sources | " + " | ".join(", ".join(source(recipe, key) for key in entry.sources)
+                                            for entry in known) + " |")
+    return "\n".join(rows)
+
+
+def _launcher_cell(recipe: Recipe, entry) -> str:
+    parts = []
+    if entry.repo in recipe.pins:
+        parts.append(f"pinned at `{recipe.pins[entry.repo][0]}` ([pins])")
+    if entry.revision_prefix:
+        parts.append("resolved on first use and recorded in `PINS_FILE`; a commit not starting "
+                     f"with `{entry.revision_prefix}` is refused unless `MODEL_REVISION` names it")
+    parts += [f"`SPEC={spec}` refused" for spec in entry.spec_refused]
+    if entry.repo == recipe.knobs["MODEL"].default:
+        parts.append("the default `MODEL`")
+    return "; ".join(parts) or EMPTY
+
+
 RENDERERS = {"front-knobs": front_table, "knobs": knobs_table, "profiles": profiles_table,
-             "fixed": fixed_table}
+             "fixed": fixed_table, "checkpoints": checkpoints_table}
 
 
 def region_pattern(name: str) -> re.Pattern:

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from launcher import memguard, pins, plan, preflight, steps
+from launcher import memguard, pins, plan, preflight, scan_verdict, steps
 from launcher.checks import Checked
 from launcher.remote import Nodes
 from launcher.settings import Failed, Refused, RefusedAbove, refusal
@@ -105,6 +105,7 @@ class Serving:
         self.check_boot_memory()
         image_id = self.ensure_images()
         self.prepare_jit_cache(image_id)
+        self.scan_checkpoint()
         resolved = {repo: self.resolve_and_record(repo, argv)
                     for repo, argv in self.plan.resolve.items()}
         self.plan = plan.build(self.checked, self.nodes, self.root, resolved, image_id)
@@ -272,6 +273,39 @@ class Serving:
                 raise Failed(f"cannot create the JIT cache {folder} on {node}")
         say(f"JIT cache: {folder} on every node")
 
+    def scan_checkpoint(self) -> None:
+        """The local MODEL scanned in the serving image on the head; its summary printed, and
+        gate/up scales this image does not correct refused (CHECKPOINT_SCAN=warn: said
+        loudly; a scan that cannot run is treated the same way)."""
+        if not self.plan.scan_checkpoint:
+            return
+        model, image = self["MODEL"], self["IMAGE"]
+        say(f"scanning {model} in {image} (config, safetensors headers, the experts' global "
+            "scales; no weights)")
+        # stderr kept: its last line is the scan's reason when it cannot read the directory
+        scanned = subprocess.run(self.nodes.argv(0, self.plan.scan_checkpoint), text=True,
+                                 stdin=subprocess.DEVNULL, capture_output=True, check=False)
+        if scanned.returncode != 0:
+            self.scan_problem(*scan_verdict.failure(image, scanned.returncode, scanned.stderr))
+            return
+        try:
+            verdict = scan_verdict.judge(json.loads(scanned.stdout), image, self.checked.recipe,
+                                         self.plan.chain_image)
+        except (ValueError, scan_verdict.BadReport) as error:
+            self.scan_problem(f"the checkpoint scan in {image} printed no report it reads "
+                              f"({error})", "CHECKPOINT_SCAN=off to boot without the scan")
+            return
+        say(f"checkpoint {model}: {verdict.summary}")
+        if verdict.problem:
+            self.scan_problem(verdict.problem, f"{verdict.accepted}, or CHECKPOINT_SCAN=warn to "
+                              "boot anyway")
+
+    def scan_problem(self, problem: str, accepted: str) -> None:
+        if self["CHECKPOINT_SCAN"] == "warn":
+            warn(f"WARNING: MODEL={self['MODEL']}: {problem}; booting anyway (CHECKPOINT_SCAN=warn)")
+            return
+        raise refusal("MODEL", self["MODEL"], f"{problem}; accepted: {accepted}")
+
     def resolve_and_record(self, repo: str, look_up: list[str]) -> str:
         """REPO's current commit, asked of the Hub by LOOK_UP (in the serving image on the
         head), and recorded in PINS_FILE."""
@@ -282,6 +316,11 @@ class Serving:
         commit = asked.stdout.rstrip("\n").rsplit("\n", 1)[-1]
         if not pins.HEX40.fullmatch(commit):
             raise Failed(f"resolving {repo} gave '{commit}', not a 40-hex commit")
+        known = self.checked.recipe.checkpoints.get(repo)
+        if known and repo == self["MODEL"]:  # checked before it is recorded: a rerun asks again
+            pins.require_known(repo, commit, known.revision_prefix, "the Hub resolves it to",
+                               "MODEL_REVISION=<a commit starting with "
+                               f"{known.revision_prefix}>")
         pins.record(self["PINS_FILE"], repo, commit)
         say(f"pinned {repo} at {commit} (recorded in {self['PINS_FILE']}; delete the line to "
             "re-resolve)")

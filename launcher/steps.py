@@ -121,12 +121,29 @@ def jit_cache(launch: Launch) -> list[Step]:
     return [step]
 
 
+def checkpoint_scan(the_plan: Plan) -> list[Step]:
+    if not the_plan.scan_checkpoint:
+        return []
+    launch = the_plan.launch
+    then = {"refuse": "refused", "warn": "said loudly (CHECKPOINT_SCAN=warn), the run goes on"}
+    step = Step(f"checkpoint: scan {launch['MODEL']} in {launch['IMAGE']} on the head (config, "
+                "safetensors headers and the routed experts' gate/up global scales; no weights "
+                f"loaded) and print its summary; gate/up scales {launch['IMAGE']} does not "
+                f"correct, or a directory the scan cannot read: "
+                f"{then[launch['CHECKPOINT_SCAN']]}")
+    return [step.on(0, the_plan.scan_checkpoint)]
+
+
 def pins_and_drafter(the_plan: Plan) -> list[Step]:
     launch, steps = the_plan.launch, []
     pins_file = launch["PINS_FILE"]
     if launch.model_pin == UNPINNED:
+        known = launch.recipe.checkpoints.get(launch["MODEL"])
+        prefix = known.revision_prefix if known else ""
+        check = (f"; refused unless it starts with {prefix}, the latest revision recipe.toml "
+                 "knows (MODEL_REVISION serves another)" if prefix else "")
         steps.append(Step(f"only once: resolve {launch['MODEL']} to a commit on the head and "
-                          f"record it in {pins_file}")
+                          f"record it in {pins_file}{check}")
                      .on(0, the_plan.resolve[launch["MODEL"]]))
     if not launch.dflash2:
         return steps
@@ -183,7 +200,7 @@ def run_steps(the_plan: Plan) -> list[Step]:
     launch, pv = the_plan.launch, shutil.which("pv") is not None
     return [Step("glm53: " + the_plan.startup_line), running_check(launch),
             prepare_nodes(launch), *boot_memory(launch), *images(the_plan, pv), *jit_cache(launch),
-            *pins_and_drafter(the_plan), *ranks(the_plan)]
+            *checkpoint_scan(the_plan), *pins_and_drafter(the_plan), *ranks(the_plan)]
 
 
 def render(nodes: Nodes, steps: list[Step]) -> str:

@@ -1,4 +1,5 @@
-"""recipe.toml read into typed knobs, profiles, pins and fixed parts; nothing else reads it.
+"""recipe.toml read into typed knobs, profiles, pins, checkpoints and fixed parts; nothing
+else reads it.
 The launcher and the image build (recipekit.imagebuild) both read it through here.
 
 A malformed recipe is a bug of this repository, not a user's setting: it raises
@@ -7,6 +8,7 @@ RecipeError naming the knob and the field.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,6 +89,21 @@ class Profile:
     values: dict[str, str]
 
 
+# A [checkpoints] entry's facts for the reader, in the order docs/checkpoints.md shows them.
+CHECKPOINT_FACTS = ("format", "precisions", "size", "revisions", "moe_scales", "mtp")
+_CHECKPOINT_FIELDS = {*CHECKPOINT_FACTS, "revision_prefix", "spec_refused", "sources"}
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """What is known of a published checkpoint (a MODEL repo id)."""
+    repo: str
+    facts: dict[str, str]  # CHECKPOINT_FACTS present, in that order
+    sources: tuple[str, ...]
+    revision_prefix: str = ""  # a recorded or resolved commit must start with it
+    spec_refused: dict[str, str] = field(default_factory=dict)  # SPEC value -> why
+
+
 @dataclass(frozen=True)
 class Recipe:
     name: str
@@ -99,6 +116,7 @@ class Recipe:
     docker_why: str
     fixed_flags: dict[str, Fixed] = field(default_factory=dict)
     fixed_env: dict[str, Fixed] = field(default_factory=dict)
+    checkpoints: dict[str, Checkpoint] = field(default_factory=dict)
 
     def flag_owners(self) -> dict[str, str]:
         """Every `vllm serve` flag the launcher sets -> the knob names that set it, or ""
@@ -215,6 +233,8 @@ def parse(data: dict) -> Recipe:
         raise RecipeError("recipe.toml: [knobs.PROFILE] choices must list every [profiles.*], "
                           f"in order: {list(profiles)}")
     fixed = data["fixed"]
+    checkpoints = {repo: _checkpoint(repo, entry, sources, knobs["SPEC"].choices)
+                   for repo, entry in data.get("checkpoints", {}).items()}
     return Recipe(
         name=data["recipe"]["name"], chain_prefix=data["recipe"]["chain_prefix"],
         knobs=knobs, profiles=profiles, sources=sources,
@@ -222,7 +242,29 @@ def parse(data: dict) -> Recipe:
         docker_options=_words(fixed["docker"]["options"], "[fixed.docker] options"),
         docker_why=fixed["docker"]["why"],
         fixed_flags=_fixed("flags", fixed["flags"]), fixed_env=_fixed("env", fixed["env"]),
+        checkpoints=checkpoints,
     )
+
+
+def _checkpoint(repo: str, entry: dict, sources: dict, specs: tuple[str, ...]) -> Checkpoint:
+    where = f'[checkpoints."{repo}"]'
+    unknown = set(entry) - _CHECKPOINT_FIELDS
+    if unknown:
+        raise RecipeError(f"recipe.toml: {where} has unknown fields {sorted(unknown)}")
+    cited = _words(entry.get("sources", []), f"{where} sources")
+    if not cited or set(cited) - set(sources):
+        raise RecipeError(f"recipe.toml: {where} sources = {list(cited)}: name keys of [sources]")
+    prefix = entry.get("revision_prefix", "")
+    if prefix and not (isinstance(prefix, str) and re.fullmatch(r"[0-9a-f]{4,40}", prefix)):
+        raise RecipeError(f"recipe.toml: {where} revision_prefix = {prefix!r}: lowercase hex")
+    refused = entry.get("spec_refused", {})
+    if not isinstance(refused, dict) or set(refused) - set(specs):
+        raise RecipeError(f"recipe.toml: {where} spec_refused = {refused!r}: SPEC values "
+                          f"({', '.join(specs)}) and why")
+    return Checkpoint(repo, {name: _text(entry[name], f"{where} {name}")
+                             for name in CHECKPOINT_FACTS if name in entry},
+                      cited, prefix, {spec: _text(why, f"{where} spec_refused.{spec}")
+                                      for spec, why in refused.items()})
 
 
 def _pin(repo: str, entry: dict) -> tuple[str, str]:

@@ -86,6 +86,8 @@ class Head:
             "POLL_SECONDS": "1", "READY_TIMEOUT": "120", "CLUSTER_ENV": str(scratch / "no-cluster.env"),
             "GLM53_MEMINFO": str(meminfo), "MEM_BOOT_FLOOR_GIB": "40",
             "RUNS_DIR": str(scratch / "runs"), "JIT_CACHE": str(scratch / "jit"),
+            # the model is an empty directory the fake vllm serves: nothing to scan
+            "CHECKPOINT_SCAN": "off",
         }
 
     def tag(self, layer: str) -> str:

@@ -59,6 +59,8 @@ def launcher_env(chain_0300, tmp_path):
         "KPOOL_TAIL_FIX": "0",
         "TARGET_WEIGHT_GROUPS_INT8": "none",
         "MODEL": str(model),
+        # an empty directory the fake vllm serves: nothing for the checkpoint scan to read
+        "CHECKPOINT_SCAN": "off",
         "HF_CACHE": str(tmp_path / "hf"),
         "PORT": str(free_port()),
         "MASTER_PORT": str(free_port()),

@@ -120,6 +120,7 @@ SCENARIOS = {
                                             **PINNED}, None),
     "local-drafter": ("run.sh", 2, {"DRAFTER": "/srv/drafters/my drafter", **PINNED}, None),
     "local-model": ("run.sh", 2, {"MODEL": "/models/glm", "DRAFTER_REVISION": DRAFTER_PIN}, None),
+    "nvidia-model": ("run.sh", 2, {"MODEL": "nvidia/GLM-5.3-Flash-NVFP4"}, None),
     "cluster-env": ("run.sh", 2, {"MAX_NUM_SEQS": 3, **PINNED}, _cluster_env),
     "ssh-docker-args": ("run.sh", 2, {"SSH": f"{FAKE_SSH} -p 2222", "DOCKER_ARGS": "--runtime runc",
                                       **PINNED}, None),

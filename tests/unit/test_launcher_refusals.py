@@ -199,6 +199,11 @@ REFUSALS = [
     ({"MODEL_REVISION": "v1.0"}, f"MODEL_REVISION=v1.0: {HEX_PIN} to resolve once and pin"),
     ({"MODEL": "/models/glm", "MODEL_REVISION": "0" * 40},
      f"MODEL_REVISION={'0' * 40}: a local MODEL directory has no revision; accepted: empty"),
+    ({"CHECKPOINT_SCAN": "yes"}, "CHECKPOINT_SCAN=yes: accepted: refuse | warn | off"),
+    ({"MODEL": "nvidia/GLM-5.3-Flash-NVFP4", "SPEC": "mtp"},
+     "SPEC=mtp: nvidia/GLM-5.3-Flash-NVFP4: its layer-45 MTP weights are BF16 and outside the "
+     "quantization ignore list, so MTP cannot load on sm_121; accepted: dflash2 | off, or "
+     "another MODEL"),
     ({"NODES": None},
      ("NODES is unset: set the node addresses, head first (e.g. NODES=\"<head> <worker>\" in "
       "cluster.env; see cluster.env.example)")),

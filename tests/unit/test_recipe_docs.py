@@ -29,13 +29,28 @@ def test_the_rendered_tables_are_fresh(name):
         f"{name} is stale: run scripts/render-docs")
 
 
+# The regions a knob's default shows in, and the one a checkpoint fact shows in.
+KNOB_REGIONS = {"front-knobs", "knobs"}
+
+
 def test_a_changed_default_makes_the_render_stale():
     data = tomllib.loads(recipe.RECIPE_PATH.read_text())
     data["knobs"]["MAX_NUM_SEQS"]["default"] += 1  # any other value
     changed = recipe.parse(data)
-    for name, regions in render.REGIONS.items():
+    knob_files = [name for name, regions in render.REGIONS.items() if KNOB_REGIONS & set(regions)]
+    assert knob_files == ["README.md", "docs/launcher.md"]
+    for name in knob_files:
         text = (REPO / name).read_text()
-        assert render.rendered(text, changed, regions) != text, name
+        assert render.rendered(text, changed, render.REGIONS[name]) != text, name
+
+
+def test_a_changed_checkpoint_fact_makes_the_render_stale():
+    data = tomllib.loads(recipe.RECIPE_PATH.read_text())
+    data["checkpoints"]["nvidia/GLM-5.3-Flash-NVFP4"]["size"] = "190.5 GiB in 33 shards"
+    changed = recipe.parse(data)
+    text = (REPO / "docs/checkpoints.md").read_text()
+    assert "190.4 GiB in 33 shards" in text
+    assert render.rendered(text, changed, render.REGIONS["docs/checkpoints.md"]) != text
 
 
 def test_render_docs_check_agrees():
