@@ -5,6 +5,7 @@ runs the launcher's own serve argv with only the overrides the tier names."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -157,3 +158,18 @@ def test_a_kernel_class_other_than_the_claimed_one_fails_the_engine(tmp_path):
     engine.kernel_checks(results, said)
     assert [r["passed"] for r in results] == [False, False], results
     assert results[1]["chosen"] == ["ConchLinearKernel"]
+
+
+def test_the_gpu_tier_page_quotes_only_committed_speed_figures():
+    """Every time ratio docs/gpu-tier.md states for the kernels is one in the committed
+    docs/gpu-results/kernels.json (issue 35, finding 8: a "previous pass" 0.715 cited a JSON
+    that was never committed)."""
+    from tests.conftest import REPO_ROOT
+
+    results = json.loads((REPO_ROOT / "docs" / "gpu-results" / "kernels.json").read_text())
+    ratios = {f"{t['ratio']:.{digits}f}" for shape in results["shapes"].values()
+              for fmt in shape["formats"].values() for t in fmt["timing"] for digits in (2, 3)}
+    page = (REPO_ROOT / "docs" / "gpu-tier.md").read_text()
+    speed = page[page.index("**Speed: where weight-only pays off"):page.index("**Planted layout faults")]
+    quoted = re.findall(r"(?<![\d.])0\.\d+", speed)
+    assert quoted and set(quoted) <= ratios, sorted(set(quoted) - ratios)
