@@ -29,11 +29,11 @@ from launcher.compare.sides import drafting_only
 HEADLINE_PHASE = "prose"
 VERDICT_PREFIX = "compare: "
 # The widest band the gate may judge by, in every scope: twice the widest A/A band measured so
-# far, the seed's two boots of GLM-5.3-Flash on 2x Spark (mean KL 5.9e-3 nats, top-1 agreement
-# 0.9833, so a disagreement of 0.0167: docs/quality.md). The other A/A bands measured are far inside it (the GPU tier's bf16
-# tiny target 4.2e-4 and 1.0; the CPU engine tier's 0 and 1.0). A band wider than this lets
-# through a candidate with as much KL or top-1 loss, so it ends the comparison as too noisy
-# to judge (exit 2), never in a pass.
+# far, the seed's two boots of GLM-5.3-Flash on 2x Spark (mean KL 5.9e-3 nats, top-1
+# agreement 0.9833, a disagreement of 0.0167: docs/quality.md). The other A/A bands measured
+# are far inside it (the GPU tier's bf16 tiny target 4.2e-4 and 1.0; the CPU engine tier's 0
+# and 1.0). A band wider than this lets through a candidate with as much KL or top-1 loss, so
+# it ends the comparison as too noisy to judge (exit 2), never in a pass.
 BAND_CAP_KL_MEAN = 0.012
 BAND_FLOOR_TOP1_AGREEMENT = 0.967
 

@@ -15,7 +15,8 @@ from tests.conftest import REPO_ROOT
 TOOL_MARK = "needs_tool"
 
 # one test of a module that reads a real server with curl; the run stops at its setup
-CURL_TEST = "tests/unit/test_field_health.py::test_a_healthy_server_is_ready_after_two_healthy_polls"
+CURL_TEST = ("tests/unit/test_field_health.py::"
+             "test_a_healthy_server_is_ready_after_two_healthy_polls")
 
 
 def run_without_tools(tmp_path, ci: str | None) -> subprocess.CompletedProcess:

@@ -66,7 +66,8 @@ SERVED = {"image_id": "sha256:" + "1" * 64, "recipe_commit": "a" * 40,
 
 def exit_of(doc: dict) -> int:
     """The exit a bench/ tool gives with DOC as its result: 1 for a failed result, else 0."""
-    failed = doc.get("passed") is False or any(c.get("failed_streams") for c in doc.get("cells", []))
+    cells = doc.get("cells", [])
+    failed = doc.get("passed") is False or any(c.get("failed_streams") for c in cells)
     return 1 if failed else 0
 
 

@@ -170,6 +170,7 @@ def test_the_gpu_tier_page_quotes_only_committed_speed_figures():
     ratios = {f"{t['ratio']:.{digits}f}" for shape in results["shapes"].values()
               for fmt in shape["formats"].values() for t in fmt["timing"] for digits in (2, 3)}
     page = (REPO_ROOT / "docs" / "gpu-tier.md").read_text()
-    speed = page[page.index("**Speed: where weight-only pays off"):page.index("**Planted layout faults")]
+    speed = page[page.index("**Speed: where weight-only pays off"):
+                 page.index("**Planted layout faults")]
     quoted = re.findall(r"(?<![\d.])0\.\d+", speed)
     assert quoted and set(quoted) <= ratios, sorted(set(quoted) - ratios)
