@@ -68,13 +68,21 @@ def stop(checked: Checked) -> int:
     return 0
 
 
-def run(checked: Checked, root: Path) -> int:
+def run(checked: Checked, root: Path, served: dict | None = None) -> int:
+    """Serve CHECKED's settings; SERVED (a dict), when given, receives what was served once
+    the ranks are ready: the image ID and the model's and drafter's revisions."""
     nodes = nodes_of(checked)
     the_plan = plan.build(checked, nodes, root)
     if checked["DRY_RUN"] == "1":
         sys.stdout.write(steps.render(nodes, steps.run_steps(the_plan)))
         return 0
-    return Serving(the_plan).serve()
+    serving = Serving(the_plan)
+    code = serving.serve()
+    if served is not None:
+        launch = serving.plan.launch
+        served.update(image_id=launch.image_id, model_revision=launch.model_pin,
+                      drafter_revision=launch.drafter_pin)
+    return code
 
 
 def _interrupted(signum, frame):

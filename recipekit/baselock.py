@@ -14,9 +14,12 @@ its tool environment.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +33,8 @@ BASE_REFUSED_EXIT = 4
 IMAGE_ID = re.compile(r"sha256:[0-9a-f]{64}")
 DIGEST = re.compile(r"(sha256:[0-9a-f]{64})?")
 FIELDS = ("image_id", "digest", "recorded", "how")
+# Trusted.how: recorded by a build on first use, or accepted by --accept-base
+HOW_FIRST_USE, HOW_ACCEPTED = "first use", "accepted"
 HEADER = """\
 # The base images this host trusted, by image ID (docs/images.md: the vendor image).
 # Written by scripts/build.sh: the first build records the vendor image (trust on first use),
@@ -121,26 +126,59 @@ class BaseLock:
 
     def record(self, ref: str, image_id: str, digest: str, how: str) -> Trusted:
         """REF trusted as IMAGE_ID from now on: its entry added or rewritten, the others kept;
-        the file is replaced whole, never left half-written."""
+        the file is replaced whole, never left half-written. Taken under a file lock, on the
+        lock as it is then (not as this object read it), so two builds recording at once both
+        keep their entries. A first use that another build recorded meanwhile keeps that entry
+        when it names the same image, and is refused when it names another."""
         if not IMAGE_ID.fullmatch(image_id) or not DIGEST.fullmatch(digest):
             raise LockError(f"{shown(self.path)}: {ref}: {image_id!r} / {digest!r} is not an image ID "
                             "(sha256:<64 hex>) and a digest")
-        trusted = Trusted(image_id, digest, utc_now(), how)
-        images = {**self.images, ref: trusted}
-        lines = [HEADER]
-        for name, entry in sorted(images.items()):
-            lines.append(f"\n[images.{_quoted(name)}]\n")
-            lines += [f"{field} = {_quoted(getattr(entry, field))}\n" for field in FIELDS]
-        staged = self.path.with_name(f".{self.path.name}.{os.getpid()}")
-        try:
-            staged.write_text("".join(lines), encoding="utf-8")
-            staged.replace(self.path)
-        except OSError as error:
-            staged.unlink(missing_ok=True)
-            raise LockError(f"cannot write {shown(self.path)} ({error.strerror}); nothing was "
-                            "recorded") from None
+        with _held(self.path):
+            images = BaseLock.read(self.path).images
+            earlier = images.get(ref)
+            if how == HOW_FIRST_USE and earlier is not None:
+                if earlier.image_id != image_id:
+                    raise LockError(f"{shown(self.path)}: another build recorded {ref} as "
+                                    f"{earlier.image_id} while this one found {image_id}; run the "
+                                    "build again (it checks the tag against that entry)")
+                self.images = images
+                return earlier
+            trusted = Trusted(image_id, digest, utc_now(), how)
+            images = {**images, ref: trusted}
+            _write(self.path, images)
         self.images = images
         return trusted
+
+
+@contextmanager
+def _held(path: Path) -> Iterator[None]:
+    """An exclusive flock on the lock's folder (the lock file itself is replaced by each write,
+    so a lock on it would not hold across writers) for as long as the block runs."""
+    try:
+        folder = os.open(path.parent, os.O_RDONLY)
+    except OSError as error:
+        raise LockError(f"cannot open {shown(path.parent)} to lock {path.name} ({error.strerror}); "
+                        "nothing was recorded") from None
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(folder)  # closing releases the flock
+
+
+def _write(path: Path, images: dict[str, Trusted]) -> None:
+    lines = [HEADER]
+    for name, entry in sorted(images.items()):
+        lines.append(f"\n[images.{_quoted(name)}]\n")
+        lines += [f"{field} = {_quoted(getattr(entry, field))}\n" for field in FIELDS]
+    staged = path.with_name(f".{path.name}.{os.getpid()}")
+    try:
+        staged.write_text("".join(lines), encoding="utf-8")
+        staged.replace(path)
+    except OSError as error:
+        staged.unlink(missing_ok=True)
+        raise LockError(f"cannot write {shown(path)} ({error.strerror}); nothing was "
+                        "recorded") from None
 
 
 def _quoted(text: str) -> str:

@@ -1,6 +1,7 @@
 """Shared test setup: the repository root is importable, tiers are marked by folder."""
 
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -18,6 +19,21 @@ _TIERS = ("unit", "vllm", "image", "engine")
 # cannot build: about 10 s of CPU for every process of the tests that imports vLLM's model
 # code, and nothing a test reads. Every process the tests start inherits this.
 os.environ.setdefault("HUMMING_DISABLE_PARALLEL_BUILD", "1")
+
+
+def pytest_runtest_setup(item):
+    """`pytest.mark.needs_tool(NAME, WHY)`: a test that needs a program on PATH. Without it the
+    test skips, saying which, except in CI (CI=true), where .ci/run installs every such tool
+    (tests/unit/test_ci_tools.py holds it to that): there a missing tool fails the test, so a
+    CI machine cannot pass by running less."""
+    for mark in item.iter_markers("needs_tool"):
+        name, why = mark.args
+        if shutil.which(name) is None:
+            missing = f"{name} is not installed ({why})"
+            if os.environ.get("CI") == "true":
+                pytest.fail(f"{missing}; .ci/run installs it, so in CI (CI=true) a missing "
+                            f"{name} fails the test instead of skipping it", pytrace=False)
+            pytest.skip(missing)
 
 
 def _tier_of(nodeid: str) -> str:

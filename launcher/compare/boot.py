@@ -5,7 +5,11 @@ logs are kept beside the boot's files, every rank is stopped, and the record say
 
 The measurements run as commands (python3 bench/...), so the launcher imports nothing of
 bench/ and needs nothing beyond the standard library; their result files are bench/'s
-documented contracts (docs/bench.md, docs/quality.md).
+documented contracts (docs/bench.md, docs/quality.md). Every measurement in `measurements()`
+is owed by every boot: it leaves its result (an exit its tool gives for a result, and a file
+that holds that result) or the comparison is void, here as soon as it ends and again in the
+verdict (results.py). Each runs under crash_guard.py, so an exception that escapes a tool is
+a crash (exit 70), never the exit 1 of a failed result.
 """
 
 from __future__ import annotations
@@ -14,12 +18,24 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from launcher import plan, serve
-from launcher.compare.rundir import BOOTS, FINISHED, QUALITY_FILES, RECEIPTS, Options, RunDir
+from launcher.compare.crash_guard import CRASHED
+from launcher.compare.rundir import (
+    BOOTS,
+    FINISHED,
+    QUALITY_FILES,
+    RECEIPTS,
+    Options,
+    RunDir,
+    read_json,
+    recipe_commit,
+    served_conflicts,
+)
 from launcher.compare.sides import Side
 from launcher.settings import Failed, Refused, RefusedAbove
 
@@ -29,6 +45,49 @@ RANK_LOG_LINES = 200
 # the bench tools' own imports, checked before anything boots (matplotlib only draws the
 # picture: without it the report says so)
 TOOL_MODULES = ("aiohttp", "prometheus_client", "rich")
+CRASH_GUARD = Path(__file__).with_name("crash_guard.py")
+
+
+def json_object(doc, code: int) -> str:
+    """Any tool's result: a JSON object ("" when DOC is one, else why it is not)."""
+    return "" if isinstance(doc, dict) else "not a JSON object"
+
+
+def _verdict_agrees(doc: dict, code: int) -> str:
+    """A tool that writes `passed` exits 0 when it passed and 1 when it failed."""
+    if not isinstance(doc.get("passed"), bool):
+        return "no passed verdict"
+    if code != (0 if doc["passed"] else 1):
+        return f"passed is {str(doc['passed']).lower()} but the tool exited {code}"
+    return ""
+
+
+def receipt_result(doc, code: int) -> str:
+    """bench/receipts.py --json: its verdict, agreeing with its exit."""
+    return json_object(doc, code) or _verdict_agrees(doc, code)
+
+
+def bench_result(doc, code: int) -> str:
+    """bench/bench_decode.py --json: written after each cell, finished_at set when all ran."""
+    if why := json_object(doc, code):
+        return why
+    if not doc.get("finished_at"):
+        return "the bench did not finish (no finished_at)"
+    return "" if isinstance(doc.get("cells"), list) and doc["cells"] else "no cells"
+
+
+def quality_result(kind: str) -> Callable[[dict, int], str]:
+    """bench/quality.py --out: a document of KIND (the gate's with its verdict)."""
+    def check(doc, code: int) -> str:
+        if why := json_object(doc, code):
+            return why
+        if doc.get("kind") != kind:
+            return f"kind {doc.get('kind')!r}, not {kind!r}"
+        return _verdict_agrees(doc, code) if kind == "quality-gate" else ""
+    return check
+
+
+QUALITY_KINDS = {"record": "quality-record", "aa": "quality-aa", "gate": "quality-gate"}
 
 
 @dataclass(frozen=True)
@@ -38,6 +97,27 @@ class Measurement:
     argv: tuple[str, ...]
     output: str              # the file it writes in the boot's folder
     results: tuple[int, ...]  # exit codes that are results (others: could not measure)
+    # why OUTPUT's document (read as JSON) with that exit is not the tool's result ("": it is)
+    contract: Callable[[dict, int], str] = json_object
+
+    def missing(self, entry: dict | None, folder: Path) -> str:
+        """Why this measurement left no result in FOLDER, ENTRY being its boot record's line
+        (None: it did not run); "" when it did. The one rule of what counts as a result."""
+        if entry is None:
+            return f"the {self.title} did not run (its boot record has no {self.key})"
+        code = entry.get("exit")
+        if code == CRASHED:
+            return (f"the {self.title} crashed (exit {code}: an exception escaped it; its "
+                    f"traceback is in {self.key}.log with the boot's files)")
+        if code not in self.results:
+            return (f"the {self.title} could not run (exit {code}; its output is {self.key}.log "
+                    "with the boot's files)")
+        doc = read_json(folder / self.output)
+        if doc is None:
+            return f"the {self.title} left no result ({self.output} is missing or not JSON)"
+        if why := self.contract(doc, code):
+            return f"the {self.title} left no result ({self.output}: {why})"
+        return ""
 
 
 class BootEnded(Exception):
@@ -58,20 +138,36 @@ def measurements(boot: str, url: str, options: Options, run_dir: RunDir) -> list
     if command == "gate":
         quality += ["--band", str(run_dir.boot_dir("reference-b") / QUALITY_FILES["aa"])]
     found = [Measurement("quality", f"quality {command}", tuple(quality), QUALITY_FILES[command],
-                         (0, 1) if command == "gate" else (0,))]
+                         (0, 1) if command == "gate" else (0,),
+                         quality_result(QUALITY_KINDS[command]))]
     for receipt in RECEIPTS:
         found.append(Measurement(receipt, f"receipt {receipt}", (
             python, str(BENCH / "receipts.py"), receipt, "--url", url,
             "--max-tokens", str(options.check_tokens), "--json", str(folder / f"{receipt}.json")),
-            f"{receipt}.json", (0, 1)))
+            f"{receipt}.json", (0, 1), receipt_result))
     found.append(Measurement("bench", (
         f"bench: every phase at c={','.join(map(str, options.concurrency))}, {options.runs} runs x "
         f"{options.max_tokens} tokens"), (
         python, str(BENCH / "bench_decode.py"), "--url", url, "--phase", "all",
         "--concurrency", ",".join(map(str, options.concurrency)), "--runs", str(options.runs),
         "--max-tokens", str(options.max_tokens), "--json", str(folder / "bench.json")),
-        "bench.json", (0, 1)))
+        "bench.json", (0, 1), bench_result))
     return found
+
+
+def owed_missing(boot: str, record: dict, options: Options, run_dir: RunDir) -> list[str]:
+    """What BOOT (its RECORD) owes and did not leave: one line per measurement, naming it."""
+    measured = record.get("measurements") or {}
+    folder = run_dir.boot_dir(boot)
+    return [why for m in measurements(boot, "", options, run_dir)
+            if (why := m.missing(measured.get(m.key), folder))]
+
+
+def guarded(argv: tuple[str, ...]) -> list[str]:
+    """A python tool's argv run through crash_guard.py (other commands as they are)."""
+    if len(argv) > 1 and argv[1].endswith(".py"):
+        return [argv[0], str(CRASH_GUARD), *argv[1:]]
+    return list(argv)
 
 
 def tools_missing() -> str | None:
@@ -139,9 +235,14 @@ def keep_rank_logs(side: Side, folder: Path) -> None:
 
 
 class Boot:
-    def __init__(self, boot: str, side: Side, options: Options, run_dir: RunDir, say):
+    def __init__(self, boot: str, side: Side, options: Options, run_dir: RunDir, say,
+                 others: dict[str, dict] | None = None, differing: list[str] | None = None):
+        """OTHERS: the finished boots of this comparison (boot -> record), whose served image,
+        recipe commit and revisions this boot must match where DIFFERING knobs do not say
+        otherwise."""
         self.boot, self.side, self.options, self.run_dir, self.say = (boot, side, options,
                                                                      run_dir, say)
+        self.others, self.differing = others or {}, differing or []
         self.folder = run_dir.fresh_boot_dir(boot)
         self.record = {"boot": boot, "role": side.role, "settings": side.text,
                        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -159,12 +260,17 @@ class Boot:
             self.save()
             return self.record
         try:
+            served: dict = {}
             try:
                 with own_signals():
-                    serve.run(self.side.checked, ROOT)
+                    serve.run(self.side.checked, ROOT, served)
             except (Failed, Refused, RefusedAbove) as failure:
                 line = getattr(failure, "line", None) or str(failure) or "refused (see above)"
                 raise BootEnded(f"the launcher did not bring it up: {line}") from None
+            self.record["served"] = {**served, "recipe_commit": recipe_commit()}
+            if mixed := served_conflicts({**self.others, self.boot: self.record},
+                                         self.differing):
+                raise BootEnded(f"{mixed[0]}; start a new comparison")
             self.record["boot_s"] = round(time.monotonic() - started, 1)
             self.record["status"] = "measuring"
             self.say(f"ready after {minutes(self.record['boot_s'])}")
@@ -192,21 +298,20 @@ class Boot:
         self.say(measurement.title)
         started = time.monotonic()
         with (self.folder / f"{measurement.key}.log").open("w") as log:
-            code = subprocess.run(measurement.argv, stdout=log, stdin=subprocess.DEVNULL,
-                                  check=False).returncode
-        self.record["measurements"][measurement.key] = {
-            "exit": code, "file": measurement.output,
-            "seconds": round(time.monotonic() - started, 1)}
+            code = subprocess.run(guarded(measurement.argv), stdout=log,
+                                  stdin=subprocess.DEVNULL, check=False).returncode
+        entry = {"exit": code, "file": measurement.output,
+                 "seconds": round(time.monotonic() - started, 1)}
+        self.record["measurements"][measurement.key] = entry
         self.save()
         if code != 0 and (dead := why_dead(self.side)):
             keep_rank_logs(self.side, self.folder)
             self.record["failed_during"] = measurement.title
             raise BootEnded(f"{dead} during the {measurement.title} (its rank logs are kept "
                             "with the boot's files); every rank was stopped")
-        if code not in measurement.results:
+        if why := measurement.missing(entry, self.folder):
             self.record["failed_during"] = measurement.title
-            raise BootEnded(f"the {measurement.title} could not run (exit {code}; its output "
-                            f"is {measurement.key}.log with the boot's files)")
+            raise BootEnded(why)
 
     def stop(self) -> None:
         """stop.sh's stop; a failure to stop is said and recorded, never hidden."""

@@ -21,7 +21,14 @@ from pathlib import Path
 from launcher import serve
 from launcher.compare import boot as boots
 from launcher.compare import report, results, sides
-from launcher.compare.rundir import BOOTS, Options, RunDir, check_same, reference_source
+from launcher.compare.rundir import (
+    BOOTS,
+    Options,
+    RunDir,
+    check_recipe_commit,
+    check_same,
+    reference_source,
+)
 from launcher.settings import Refused
 from launcher.words import quote
 
@@ -133,6 +140,7 @@ def asked(opts: argparse.Namespace) -> Asked:
             check_same("--resume", path, f"the {role}'s settings", saved[role]["values"],
                        side.values)
         check_same("--resume", path, "the options", saved["options"], options.to_json())
+        check_recipe_commit("--resume", path, saved.get("boots", {}))
         return Asked(reference, candidate, options, resume=run_dir)
     for role in sides.ROLES:
         if getattr(opts, role) is None:
@@ -206,11 +214,16 @@ def run_boots(run_dir: RunDir, reference: sides.Side, candidate: sides.Side,
         if run_dir.finished(boot):
             record = run_dir.boot_record(boot)
             source = record.get("copied_from") or str(run_dir.boot_dir(boot))
-            say(f"{label}: reusing the finished boot of {record['started_at']} ({source})")
-            continue
+            if not (missing := boots.owed_missing(boot, record, options, run_dir)):
+                say(f"{label}: reusing the finished boot of {record['started_at']} ({source})")
+                continue
+            say(f"{label}: not reusing the finished boot of {record['started_at']} ({source}): "
+                f"{missing[0]}")
         say(f"{label}: booting {side.describe()} through the launcher")
+        others = {b: run_dir.boot_record(b) for b in BOOTS if b != boot and run_dir.finished(b)}
         record = boots.Boot(boot, side, options, run_dir,
-                            lambda message, label=label: say(f"{label}: {message}")).run()
+                            lambda message, label=label: say(f"{label}: {message}"), others,
+                            run_dir.plan.get("differing", [])).run()
         times = ", ".join(f"{what} {boots.minutes(record[key])}" for what, key in
                           (("boot", "boot_s"), ("measurements", "measure_s"), ("in all", "wall_s"))
                           if key in record)

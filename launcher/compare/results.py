@@ -1,6 +1,8 @@
 """The boots' saved files summed up (speed, acceptance, quality against the band, first
 divergence, receipts, lossless across boots) and the verdict: exit 0 when the candidate
-passes, 1 when it fails (each failure named), 2 when the comparison could not be made.
+passes, 1 when it fails (each failure named), 2 when the comparison could not be made: a
+boot that did not finish, a measurement a boot owes that left no result (boot.py's list),
+boots that served different images, recipes or revisions, or a band too wide to judge by.
 
 Pure functions of the files bench/ wrote (docs/bench.md and docs/quality.md give their
 contracts) and the boots' records: nothing here runs anything.
@@ -11,11 +13,29 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launcher.compare.rundir import BOOTS, FINISHED, QUALITY_FILES, RECEIPTS, read_json
+from launcher.compare import boot as boots
+from launcher.compare.rundir import (
+    BOOTS,
+    FINISHED,
+    QUALITY_FILES,
+    RECEIPTS,
+    Options,
+    RunDir,
+    read_json,
+    served_conflicts,
+)
 from launcher.compare.sides import drafting_only
 
 HEADLINE_PHASE = "prose"
 VERDICT_PREFIX = "compare: "
+# The widest band the gate may judge by, in every scope: twice the widest A/A band measured so
+# far, the seed's two boots of GLM-5.3-Flash on 2x Spark (mean KL 5.9e-3 nats, top-1
+# agreement 0.9833, a disagreement of 0.0167: docs/quality.md). The other A/A bands measured
+# are far inside it (the GPU tier's bf16 tiny target 4.2e-4 and 1.0; the CPU engine tier's 0
+# and 1.0). A band wider than this lets through a candidate with as much KL or top-1 loss, so
+# it ends the comparison as too noisy to judge (exit 2), never in a pass.
+BAND_CAP_KL_MEAN = 0.012
+BAND_FLOOR_TOP1_AGREEMENT = 0.967
 
 
 @dataclass
@@ -82,7 +102,7 @@ def speed_rows(files: dict[str, dict]) -> list[dict]:
 
 
 def _totals(doc: dict | None) -> dict | None:
-    if not doc:
+    if not doc or "overall" not in doc or "phases" not in doc:
         return None
     return {"overall": doc["overall"], "phases": doc["phases"]}
 
@@ -112,6 +132,31 @@ def lossless(differing: list[str], band: dict | None, gate: dict | None) -> dict
     return {"judged": True, "passed": not broken, "why": why, "broken": broken}
 
 
+def owed(run_dir_path: Path, plan: dict) -> list[str]:
+    """Every finished boot's owed measurements that left no result: 'boot B: WHY' lines."""
+    run_dir, options = RunDir(run_dir_path, plan), Options.from_json(plan["options"])
+    missing = []
+    for boot in BOOTS:
+        record = run_dir.boot_record(boot) or {}
+        if record.get("status") == FINISHED:
+            missing += [f"boot {boot}: {why}"
+                        for why in boots.owed_missing(boot, record, options, run_dir)]
+    return missing
+
+
+def too_noisy(checks: list[dict] | None) -> list[str]:
+    """The gate's limits (the band times its scale) beyond the caps, one phrase each."""
+    wide = []
+    for check in checks or []:
+        if check["metric"] == "kl_mean" and check["limit"] > BAND_CAP_KL_MEAN:
+            wide.append(f"{check['scope']} mean KL limit {check['limit']:.3g} is over the cap "
+                        f"{BAND_CAP_KL_MEAN:.3g}")
+        elif check["metric"] == "top1_agreement" and check["limit"] < BAND_FLOOR_TOP1_AGREEMENT:
+            wide.append(f"{check['scope']} top-1 agreement limit {check['limit']:.4f} is under "
+                        f"the cap {BAND_FLOOR_TOP1_AGREEMENT:.4f}")
+    return wide
+
+
 def summarize(run_dir_path: Path, plan: dict) -> dict:
     files = {boot: boot_files(run_dir_path / "boots" / boot, boot) for boot in BOOTS}
     band, gate = files["reference-b"]["quality"], files["candidate"]["quality"]
@@ -129,6 +174,11 @@ def summarize(run_dir_path: Path, plan: dict) -> dict:
         "divergence": divergence,
         "receipts": receipts,
         "lossless": lossless(plan.get("differing", []), band, gate),
+        "owed_missing": owed(run_dir_path, plan),
+        "served_conflicts": served_conflicts(
+            {b: r for b, r in plan.get("boots", {}).items() if r.get("status") == FINISHED},
+            plan.get("differing", [])),
+        "too_noisy": too_noisy((gate or {}).get("checks")),
     }
 
 
@@ -180,9 +230,16 @@ def decide(summary: dict, plan: dict) -> Verdict:
             why = record.get("why") or "it did not run"
             return Verdict(2, f"{VERDICT_PREFIX}could not run: boot {boot} "
                               f"{'failed' if record else 'is missing'}: {why}")
+    for void in ("owed_missing", "served_conflicts"):
+        if summary[void]:
+            return Verdict(2, f"{VERDICT_PREFIX}could not run: {'; '.join(summary[void])}")
     failures, notes = [], []
     if summary["quality"]["passed"] is None:
         return Verdict(2, f"{VERDICT_PREFIX}could not run: the candidate has no gate result")
+    if summary["too_noisy"]:
+        return Verdict(2, f"{VERDICT_PREFIX}could not run: the reference is too noisy to judge: "
+                          f"{'; '.join(summary['too_noisy'])} (its two boots differ by more than "
+                          "a healthy reference's: boot it again, or find why it is noisy)")
     if not summary["quality"]["passed"]:
         failures += gate_failures(summary)
     loss = summary["lossless"]

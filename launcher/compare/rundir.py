@@ -9,14 +9,18 @@ A new DIR must be empty or absent. --resume DIR continues the comparison saved t
 sides and options; the settings they resolve to now must be the saved ones) and reuses its
 finished boots; a boot that did not finish is set aside as <boot>.attempt-N, never deleted.
 --reference-from DIR copies the finished reference boots of another comparison whose
-reference settings and options are this one's.
+reference settings and options are this one's. Each boot records what it served (`served`:
+the image ID, the recipe's commit, the model's and the drafter's revisions); boots that differ
+in any of them, where the sides' settings do not say they should, are never compared.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
+import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -34,6 +38,56 @@ REFERENCE_BOOTS = ("reference-a", "reference-b")
 QUALITY_FILES = {"record": "record.json", "aa": "band.json", "gate": "gate.json"}
 RECEIPTS = ("solo-vs-concurrent", "resumed-vs-fresh")
 FINISHED = "finished"
+ROOT = Path(__file__).resolve().parents[2]
+# what a boot served (its record's `served`) -> the knobs that may make it differ between the
+# reference and the candidate; the two reference boots must agree in every one
+SERVED = {"image_id": ("IMAGE",), "recipe_commit": (),
+          "model_revision": ("MODEL", "MODEL_REVISION"),
+          "drafter_revision": ("SPEC", "DRAFTER", "DRAFTER_REVISION")}
+
+
+def recipe_commit(root: Path = ROOT) -> str:
+    """The recipe's commit (launcher, bench, layers): HEAD, and where tracked files differ
+    from it `-dirty-` and a hash of that difference, so two different edits never match."""
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True,
+                              check=False)
+    try:
+        head = git("rev-parse", "HEAD")
+    except OSError:
+        return "unknown (git is not installed)"
+    if head.returncode != 0:
+        return "unknown (not a git checkout)"
+    commit = head.stdout.decode().strip()
+    diff = git("diff", "HEAD", "--binary").stdout
+    return f"{commit}-dirty-{hashlib.sha256(diff).hexdigest()[:12]}" if diff else commit
+
+
+def served_conflicts(records: dict[str, dict], differing: list[str]) -> list[str]:
+    """Why boots RECORDS (boot -> record) may not be compared: a boot that records nothing of
+    what it served, or two boots that served another image, recipe commit or revision where
+    the knobs that DIFFER between the sides do not account for it; [] when none."""
+    problems = []
+    for boot in BOOTS:
+        if boot in records and "served" not in records[boot]:
+            problems.append(f"boot {boot} records not what it served (an older scripts/compare "
+                            "ran it)")
+    for first, second in (("reference-a", "reference-b"), ("reference-a", "candidate"),
+                          ("reference-b", "candidate")):
+        if first not in records or second not in records:
+            continue
+        sides_differ = BOOTS[first][0] != BOOTS[second][0]
+        a, b = records[first].get("served"), records[second].get("served")
+        if a is None or b is None:
+            continue
+        for field, knobs in SERVED.items():
+            if a.get(field) != b.get(field) and not (
+                    sides_differ and any(knob in differing for knob in knobs)):
+                settings = "the settings do not differ there" if sides_differ \
+                    else "both are the reference"
+                problems.append(f"boot {second} served {field} {b.get(field)} where boot "
+                                f"{first} served {a.get(field)} ({settings})")
+    return problems
 
 
 @dataclass(frozen=True)
@@ -154,11 +208,24 @@ def check_same(option: str, path: Path, what: str, saved, now) -> None:
                   "same settings and options, or a new comparison")
 
 
+def check_recipe_commit(option: str, path: Path, records: dict[str, dict]) -> None:
+    """Finished boots of RECORDS measured on another commit of the recipe are refused, before
+    anything boots (what they served otherwise is checked once the next boot is up)."""
+    now = recipe_commit()
+    for boot, record in records.items():
+        then = (record.get("served") or {}).get("recipe_commit")
+        if record.get("status") == FINISHED and then != now:
+            raise refused(option, str(path), f"boot {boot} was measured on recipe commit {then}, "
+                          f"this checkout is {now}; accepted: boots of this commit (check it "
+                          "out, or start a new comparison)")
+
+
 def reference_source(path: Path, reference_values: dict, options: Options) -> None:
     """Refuses a --reference-from DIR whose reference boots cannot stand for this one's."""
     plan = RunDir.saved_plan(path, "--reference-from")
+    records = {}
     for boot in REFERENCE_BOOTS:
-        record = read_json(path / "boots" / boot / BOOT_FILE) or {}
+        record = records[boot] = read_json(path / "boots" / boot / BOOT_FILE) or {}
         if record.get("status") != FINISHED:
             raise refused("--reference-from", str(path), f"its boot {boot} did not finish; "
                           f"accepted: a comparison whose two reference boots finished (or --resume "
@@ -166,3 +233,4 @@ def reference_source(path: Path, reference_values: dict, options: Options) -> No
     check_same("--reference-from", path, "the reference's settings", plan["reference"]["values"],
                reference_values)
     check_same("--reference-from", path, "the options", plan["options"], options.to_json())
+    check_recipe_commit("--reference-from", path, records)

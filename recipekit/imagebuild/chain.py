@@ -135,8 +135,11 @@ class Chain:
         refused (an image this run pulled is removed again, so the host keeps what it had);
         the vendor image's first use is recorded (BASE_LOCK=strict: refused)."""
         where = shown(self.lock.path)
+        if self.args.accept_base and self.args.check:  # --check builds, tags and records nothing
+            self.progress(f"base: would accept {ref} as {image_id} in {where}", False)
+            return image_id
         if self.args.accept_base:
-            self.lock.record(ref, image_id, self.engine.digest(ref), "accepted")
+            self.lock.record(ref, image_id, self.engine.digest(ref), baselock.HOW_ACCEPTED)
             say(f"accepted {ref} as {image_id} in {where}; later builds and ./run.sh hold the tag to it")
             return image_id
         vendor = ref == self.vendor
@@ -151,7 +154,7 @@ class Chain:
                 self.progress(f"base: would record {ref} as {image_id} in {where} (first use)", False)
             else:
                 digest = self.engine.digest(ref)
-                self.lock.record(ref, image_id, digest, "first use")
+                self.lock.record(ref, image_id, digest, baselock.HOW_FIRST_USE)
                 say(f"recorded {ref} as {image_id}{f' (digest {digest})' if digest else ''} in {where} on "
                     "first use; a later build or ./run.sh refuses the tag once it names another image")
         return image_id

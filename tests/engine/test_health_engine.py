@@ -35,7 +35,7 @@ from tests.unit.test_launcher_lifecycle import HEAD, make_cluster, serve
 from tests.unit.test_launcher_support import launcher_env, run, sealed_bin
 
 CURL = shutil.which("curl")
-pytestmark = pytest.mark.skipif(CURL is None, reason="the launcher reads the engine with curl")
+pytestmark = pytest.mark.needs_tool("curl", "the launcher reads the engine with curl")
 
 SERVED = "tiny-target"
 # vLLM's set_process_title of the engine core (setproctitle is in the engine venv)

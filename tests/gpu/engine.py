@@ -9,16 +9,19 @@ Servers, all booted at once on one GPU, CUDA graphs on with the launcher's captu
   off; adaptive verify at tau 0.3 and at tau 1.0; and `defaults`: the launcher's own v13
   environment as `./run.sh` sets it (NVFP4 drafter, adaptive verify at 0.3, the ring fix and
   the INT8 target groups, which find no Glm5Next class to attach to here);
-- on the engine tier's tiny target (rounded to bf16): two undrafted boots (the quality gate's
-  A/A band) and `gate-int8`, whose target groups are pointed at Qwen3's linears
+- on the engine tier's tiny target (rounded to bf16): three undrafted boots (the record, the
+  quality gate's A/A band, and a third boot gated against the two: a real A/A) and
+  `gate-int8`, whose target groups are pointed at Qwen3's linears
   (tests/gpu/remap/sitecustomize.py) so that layer v13's INT8 swap runs in the engine.
 
 Checks (each recorded with its numbers, pass or fail): greedy tokens drafted equal undrafted
 (and follow the target's table); the drafter's designed acceptance with the levers off;
 adaptive verify changes no token and acceptance falls as tau rises; the defaults change no
-token and swap the drafter to NVFP4; bench/receipts.py lossless; bench/quality.py's gate
-passes the defaults against the undrafted reference and, on the tiny target, reports for
-the INT8 groups the KL a float64 computation from both models' weights predicts.
+token and swap the drafter to NVFP4, each lever on the kernel class it is claimed to run on
+(KERNEL_CLAIMS, read from the server's log); bench/receipts.py lossless; bench/quality.py's
+gate passes the defaults against the undrafted reference and a third boot of the tiny target
+against the band of two others, and reports for the INT8 groups the KL a float64
+computation from both models' weights predicts.
 
     python3 tests/gpu/engine.py PAYLOAD_DIR OUT_DIR
 """
@@ -55,19 +58,25 @@ TOOL_TIMEOUT_S = 120
 INT8_KL_TOLERANCE = 0.25  # bf16 serving against the float64 prediction, mean KL, relative
 REMAP = REPO_ROOT / "tests" / "gpu" / "remap"
 LOG_FACTS = re.compile(r"GLM53|groups pointed at|cudagraph_mode|Capturing CUDA graph|Graph "
-                       r"capturing finished|Using Marlin|MarlinNvFp4|TRITON_ATTN|[Mm]odel [Rr]unner"
-                       r" V2|V2 model runner|init engine|torch.compile takes")
+                       r"capturing finished|Using \w+ for |MarlinNvFp4|TRITON_ATTN|[Mm]odel "
+                       r"[Rr]unner V2|V2 model runner|init engine|torch.compile takes")
+# server -> (what vLLM's log line says the kernel is for, the class docs/gpu-tier.md claims):
+# the NVFP4 drafter of the defaults on Marlin FP4, the INT8 target groups on GPTQ-Marlin
+KERNEL_CLAIMS = {"defaults": ("NVFP4 GEMM", "MarlinNvFp4LinearKernel"),
+                 "gate-int8": ("CompressedTensorsWNA16", "MarlinLinearKernel")}
+# the quality gate's A/A on the tiny target: three boots of the same server, each with one role
+TINY_AA = {"record": "gate-a", "band": "gate-b", "gated": "gate-c"}
 
 # flag -> (value here, why the launcher's value cannot run here); ADDED: flags run.sh does not
 # write. Everything else runs as the launcher wrote it.
 OVERRIDES = {
     "--host": ("127.0.0.1", "the tier listens on loopback only"),
-    "--port": (None, "a free port per server: eight servers share the machine"),
+    "--port": (None, "a free port per server: nine servers share the machine"),
     "--max-model-len": ("4096", "the tiny models have 8,192 positions"),
-    "--kv-cache-memory-bytes": (KV_BYTES, "the 4.14 GiB pin is sized for GB10; eight servers "
+    "--kv-cache-memory-bytes": (KV_BYTES, "the 4.14 GiB pin is sized for GB10; nine servers "
                                           "share one GPU"),
     "--gpu-memory-utilization": ("0.08", "each server's start-up check asks this share of the "
-                                         "GPU free; eight servers share one GPU"),
+                                         "GPU free; nine servers share one GPU"),
 }
 ADDED = {
     "--dtype": ("bfloat16", "the tiny checkpoints are float32; GLM-5.3-Flash's activations "
@@ -160,8 +169,7 @@ def servers(payload: Path, out: Path) -> dict[str, EngineServer]:
         "tau-1.0": (margin, spec, {"GLM53_ADAPTIVE_VERIFY": "1",
                                    "GLM53_ADAPTIVE_VERIFY_TAU": "1.0"}, False, False),
         "defaults": (margin, spec, None, False, False),
-        "gate-a": (tiny, None, off, True, False),
-        "gate-b": (tiny, None, off, True, False),
+        **{boot: (tiny, None, off, True, False) for boot in TINY_AA.values()},
         "gate-int8": (tiny, None, {"GLM53_INT8_W8A16": "attn,mlp,lm_head"}, True, True),
     }
     runtime = Runtime(out / "runtime")
@@ -176,11 +184,27 @@ def servers(payload: Path, out: Path) -> dict[str, EngineServer]:
     return made
 
 
+def log_lines(server: EngineServer) -> list[str]:
+    try:
+        return server.log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+
+
+def kernel_checks(results: list, said: dict[str, list[str]]) -> None:
+    """Each lever of KERNEL_CLAIMS on the kernel class claimed, from SAID (server -> its log
+    lines): vLLM's `Using CLASS for WHAT` lines; another class, or none, fails."""
+    for server, (what, claimed) in KERNEL_CLAIMS.items():
+        chosen = [m.group(1) for line in said.get(server, [])
+                  if (m := re.search(rf"Using (\w+) for {re.escape(what)}\b", line))]
+        check(results, f"{server}: {what} on {claimed} (vLLM's log)",
+              bool(chosen) and set(chosen) == {claimed}, chosen=chosen)
+
+
 def log_facts(server: EngineServer) -> dict[str, list[str]]:
     """Lines of the server's log that say what ran (kernels, graphs, swaps), and its tail."""
-    try:
-        lines = server.log_path.read_text(errors="replace").splitlines()
-    except OSError:
+    lines = log_lines(server)
+    if not lines:
         return {"facts": [], "tail": ["(no log)"]}
     return {"facts": [line[:300] for line in lines if LOG_FACTS.search(line)][:40],
             "tail": [line[:300] for line in lines[-15:]]}
@@ -354,6 +378,7 @@ def run(doc: dict, payload: Path, out: Path) -> None:
                 if "GLM53 weight groups" in f]
         check(results, f"{name}: {what} (the helper's log line)",
               any(f"GLM53 weight groups on {owner}:" in f for f in swap), lines=swap)
+    kernel_checks(results, {name: log_lines(made[name]) for name in KERNEL_CLAIMS})
     doc["passed"] = all(r.get("passed", True) for r in results)
     doc["wall_s"] = round(time.monotonic() - started, 1)
 
@@ -398,19 +423,22 @@ def gate_quality(doc: dict, results: list, url: dict, payload: Path, out: Path) 
             band, "--url", url["defaults"])
         check(results, "quality gate: defaults against undrafted (band: drafted, levers off) "
                        "passes", gate["exit"] == 0, overall=(gate["doc"] or {}).get("overall"))
-    if not all(name in url for name in ("gate-a", "gate-b", "gate-int8")):
-        check(results, "quality gate on the tiny target", False, reason="a server did not boot")
+    tiny = [TINY_AA["record"], TINY_AA["band"], TINY_AA["gated"], "gate-int8"]
+    if not all(name in url for name in tiny):
+        check(results, "quality gate on the tiny target", False, reason="a server did not boot",
+              missing=[name for name in tiny if name not in url])
         return
     ref, band = str(out / "q-tiny-record.json"), str(out / "q-tiny-band.json")
     record = quality["tiny-record"] = tool(out, "q-tiny-record", "quality.py", "record", "--url",
-                                           url["gate-a"], *sizes)
+                                           url[TINY_AA["record"]], *sizes)
     quality["tiny-band"] = tool(out, "q-tiny-band", "quality.py", "aa", "--reference", ref,
-                                "--url", url["gate-b"])
-    gate = quality["tiny-gate-b"] = tool(out, "q-tiny-gate-b", "quality.py", "gate",
-                                         "--reference", ref, "--band", band, "--url",
-                                         url["gate-b"])
-    check(results, "quality gate: a second boot of the tiny target passes", gate["exit"] == 0,
-          overall=(gate["doc"] or {}).get("overall"))
+                                "--url", url[TINY_AA["band"]])
+    # a real A/A: a boot that took no part in the record or the band, gated against them
+    gate = quality["tiny-gate-aa"] = tool(out, "q-tiny-gate-aa", "quality.py", "gate",
+                                          "--reference", ref, "--band", band, "--url",
+                                          url[TINY_AA["gated"]])
+    check(results, "quality gate: a third boot of the tiny target passes against the band of "
+                   "two others", gate["exit"] == 0, overall=(gate["doc"] or {}).get("overall"))
     gate = quality["tiny-gate-int8"] = tool(out, "q-tiny-gate-int8", "quality.py", "gate",
                                             "--reference", ref, "--band", band, "--url",
                                             url["gate-int8"])

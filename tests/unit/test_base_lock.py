@@ -114,3 +114,48 @@ def test_only_image_ids_and_digests_are_recorded(tmp_path):
     with pytest.raises(LockError, match="is not an image ID"):
         lock.record(VENDOR, "latest", "", "accepted")
     assert not (tmp_path / "recipe.lock").exists()
+
+
+def _record_after_both_read(path, ref, image_id, barrier):
+    """One first-use build's record: it reads the lock, waits until the other build has
+    read it too, then records its own entry (run in its own process)."""
+    lock = BaseLock.read(path)
+    barrier.wait(timeout=60)
+    lock.record(ref, image_id, "", "first use")
+
+
+def test_two_first_use_records_at_once_keep_both_entries(tmp_path):
+    """Two builds that each read the lock before either wrote it (issue 35, finding 7): both
+    entries survive, because a record re-reads the lock under a file lock before it writes.
+    Reading before the barrier makes the interleaving certain, not a matter of timing."""
+    import multiprocessing
+
+    path = tmp_path / "recipe.lock"
+    context = multiprocessing.get_context("fork")
+    barrier = context.Barrier(2)
+    builds = [context.Process(target=_record_after_both_read, args=(path, ref, image_id, barrier))
+              for ref, image_id in ((VENDOR, OLD), ("site/base:1", NEW))]
+    for build in builds:
+        build.start()
+    for build in builds:
+        build.join(timeout=60)
+    assert [build.exitcode for build in builds] == [0, 0]
+    images = BaseLock.read(path).images
+    assert sorted(images) == sorted([VENDOR, "site/base:1"]), images
+    assert (images[VENDOR].image_id, images["site/base:1"].image_id) == (OLD, NEW)
+
+
+def test_a_first_use_that_another_build_recorded_meanwhile_is_not_rewritten(tmp_path):
+    """A first use whose entry another build wrote since this one read the lock keeps that
+    entry when the IDs agree, and is refused when they differ (the tag moved in between)."""
+    for image_id in (OLD, NEW):
+        path = tmp_path / f"{image_id[7]}.lock"
+        late = BaseLock.read(path)  # read before the other build wrote
+        BaseLock.read(path).record(VENDOR, OLD, DIGEST, "first use")  # the other build
+        if image_id == OLD:
+            assert late.record(VENDOR, OLD, "", "first use").digest == DIGEST
+        else:
+            with pytest.raises(LockError, match="another build recorded"):
+                late.record(VENDOR, NEW, "", "first use")
+        trusted = BaseLock.read(path).images[VENDOR]
+        assert (trusted.image_id, trusted.digest) == (OLD, DIGEST)

@@ -214,3 +214,17 @@ def test_pull_progress_says_each_quarter_of_a_layer_once():
     assert [line for line in lines if "downloading" in line] == [
         "layer 222222222222: downloading, 1.0 of 4.0 MB",
         "layer 222222222222: downloading, 3.9 of 4.0 MB"]
+
+
+def test_check_never_writes_the_lock_even_with_accept_base(recipe_copy, capsys):
+    """--check builds and tags nothing, so it records nothing either (issue 35, finding 7):
+    with --accept-base it says what it would accept, and the lock stays as it was."""
+    assert base_of(recipe_copy, FakeEngine({VENDOR: OLD}), "--check", "--accept-base") == (
+        VENDOR, OLD)
+    assert not recipe_copy.with_suffix(".lock").exists()
+    assert f"base: would accept {VENDOR} as {OLD}" in capsys.readouterr().out
+    BaseLock.read(recipe_copy.with_suffix(".lock")).record(VENDOR, OLD, "", "first use")
+    before = recipe_copy.with_suffix(".lock").read_text()
+    assert base_of(recipe_copy, FakeEngine({VENDOR: NEW}), "--check", "--accept-base") == (
+        VENDOR, NEW)
+    assert recipe_copy.with_suffix(".lock").read_text() == before

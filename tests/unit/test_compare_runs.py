@@ -14,7 +14,15 @@ import json
 
 import pytest
 
-from tests.compare_cluster import fake_model, fake_rank_command, make_cluster, report_of
+from tests.compare_cluster import (
+    IMAGE,
+    IMAGE_ID,
+    fake_model,
+    fake_rank_command,
+    make_cluster,
+    report_of,
+)
+from tests.unit.test_launcher_support import DRAFTER_PIN
 
 # small measurements: the fake's truth does not need long ones
 SIZES = ("--concurrency", "1,2", "--runs", "1", "--max-tokens", "32", "--check-tokens", "12",
@@ -61,6 +69,12 @@ def test_an_identical_candidate_passes_and_every_boot_is_stopped(cluster, aa_run
     assert doc["verdict"]["exit"] == 0 and doc["differing"] == []
     assert [doc["boots"][b]["status"] for b in ("reference-a", "reference-b", "candidate")] == \
         ["finished"] * 3
+    # what each boot served, as the launcher found it (a local MODEL has no revision)
+    for record in doc["boots"].values():
+        served = record["served"]
+        assert (served["image_id"], served["drafter_revision"], served["model_revision"]) == \
+            (IMAGE_ID, DRAFTER_PIN, "")
+        assert served["recipe_commit"] == "unknown (git is not installed)"  # the sealed PATH
     assert doc["results"]["quality"]["passed"] is True
     assert doc["results"]["lossless"]["judged"] and doc["results"]["lossless"]["passed"]
     speeds = {(r["phase"], r["concurrency"]) for r in doc["results"]["speed"]}
@@ -160,3 +174,26 @@ def test_ranks_already_running_are_refused_and_left_alone(cluster, tmp_path):
         assert not (tmp_path / "busy").exists()  # refused before anything was written
     finally:
         head.write_text(saved)
+
+
+def test_a_rebuilt_image_is_not_compared_with_the_old_boots(cluster, aa_run, tmp_path):
+    """The tag now names another image (rebuilt since the reference boots): the candidate's
+    boot is ended as soon as it is up, naming both image IDs (issue 35, finding 6)."""
+    the_cluster, _ = cluster
+    head = the_cluster.state / "head.json"
+    saved = head.read_text()
+    state = json.loads(saved)
+    rebuilt = "sha256:" + "3" * 64
+    state["images"][IMAGE]["id"] = rebuilt
+    head.write_text(json.dumps(state))
+    try:
+        result = the_cluster.compare("--reference", "", "--candidate", "", "--reference-from",
+                                     str(aa_run[1]), "--out", str(tmp_path / "rebuilt"), *SIZES)
+    finally:
+        head.write_text(saved)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stdout.splitlines()[-2] == (
+        f"compare: could not run: boot candidate failed: boot candidate served image_id "
+        f"{rebuilt} where boot reference-a served {IMAGE_ID} (the settings do not differ there); "
+        "start a new comparison")
+    assert_nothing_left(the_cluster)

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from launcher.compare import command, sides
+from launcher.compare import command, rundir, sides
 from launcher.compare.rundir import Options, RunDir
 from launcher.settings import Refused
 from recipekit import recipe
@@ -207,3 +207,25 @@ def test_reference_from_needs_finished_boots_of_the_same_reference_and_options(
     assert code == 2 and "the options differ from the saved ones: runs=3 (saved: 1)" in err
     assert json.loads((earlier.path / "compare.json").read_text())["boots"]["reference-a"] == \
         {"boot": "reference-a", "status": "finished"}
+
+
+def test_resume_and_reference_from_refuse_boots_of_another_recipe_commit(
+        environ, tmp_path, monkeypatch, capsys):
+    """Boots measured on another commit of the recipe (its launcher, bench and layers) are
+    not mixed with boots of this one (issue 35, finding 6); what each boot served (image,
+    model and drafter revisions) is checked once it is up, and again by the verdict."""
+    monkeypatch.setattr(command.boots, "tools_missing", lambda: None)
+    monkeypatch.setattr(command.boots, "not_free", lambda side: "(the refusal came too late)")
+    earlier = saved(tmp_path)
+    for boot in ("reference-a", "reference-b"):
+        earlier.boot_dir(boot).mkdir()
+        earlier.save_boot(boot, {"boot": boot, "status": "finished",
+                                 "served": {"recipe_commit": "0" * 40}})
+    code, _, err = run_main(capsys, "--resume", str(earlier.path))
+    stale = f"boot reference-a was measured on recipe commit {'0' * 40}, this checkout is "
+    assert code == 2 and err.startswith(f"refused: --resume {earlier.path}: {stale}"), err
+    assert err == (f"refused: --resume {earlier.path}: {stale}{rundir.recipe_commit()}; "
+                   "accepted: boots of this commit (check it out, or start a new comparison)\n")
+    code, _, err = run_main(capsys, "--reference", "", "--candidate", "SPEC=off",
+                            "--reference-from", str(earlier.path))
+    assert code == 2 and err.startswith(f"refused: --reference-from {earlier.path}: {stale}"), err

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from launcher.compare import boot as boots
 from launcher.compare import report, results
-from launcher.compare.rundir import BOOTS, RunDir, read_json
+from launcher.compare.rundir import BOOTS, Options, RunDir, read_json
 
 PHASES = ("prose", "structured", "code")
 QUALITY_PHASES = ("prose", "code", "structured", "needle")
@@ -23,7 +24,7 @@ def cell(phase: str, c: int, tok_s: float, accept: float | None = 3.0, failed: i
 
 
 def bench(speed: float, failed: int = 0) -> dict:
-    return {"schema": "bench_decode/1",
+    return {"schema": "bench_decode/1", "finished_at": "2026-12-03T00:02:00Z",
             "cells": [cell(p, c, speed / c, failed=failed if (p, c) == ("code", 2) else 0)
                       for p in PHASES for c in (1, 2)]}
 
@@ -59,32 +60,51 @@ def quality(kind: str, kl: float = 0.0, top1: float = 1.0, band: dict | None = N
     return doc
 
 
+SERVED = {"image_id": "sha256:" + "1" * 64, "recipe_commit": "a" * 40,
+          "model_revision": "b" * 40, "drafter_revision": "c" * 40}
+
+
+def exit_of(doc: dict) -> int:
+    """The exit a bench/ tool gives with DOC as its result: 1 for a failed result, else 0."""
+    cells = doc.get("cells", [])
+    failed = doc.get("passed") is False or any(c.get("failed_streams") for c in cells)
+    return 1 if failed else 0
+
+
 def saved_run(tmp_path: Path, speeds=(30.0, 30.0, 33.0), gate_kl=0.0, gate_top1=1.0,
               receipts=None, differing=(), first=None, failed_candidate_streams=0,
-              statuses=None) -> RunDir:
-    """A report directory as three finished boots leave it."""
+              statuses=None, band_kl=0.001, band_top1=0.99, served=None) -> RunDir:
+    """A report directory as three finished boots leave it: each owed measurement's record
+    (scripts/compare's own list of them, launcher/compare/boot.py) and result file. SERVED:
+    boot -> fields of what it served that differ from SERVED's."""
     plan = {"reference": {"words": "", "values": {}}, "candidate": {"words": "", "values": {}},
             "options": {"concurrency": [1, 2], "runs": 1, "max_tokens": 24, "check_tokens": 24,
                         "needle_words": 300}, "differing": list(differing)}
     run_dir = RunDir.create(tmp_path / "run", plan)
-    band = quality("quality-aa", 0.001, 0.99)
-    files = {"reference-a": {"record.json": {"kind": "quality-record"}},
-             "reference-b": {"band.json": band},
-             "candidate": {"gate.json": quality("quality-gate", gate_kl, gate_top1, band, first)}}
+    band = quality("quality-aa", band_kl, band_top1)
+    docs = {"record.json": {"kind": "quality-record"}, "band.json": band,
+            "gate.json": quality("quality-gate", gate_kl, gate_top1, band, first)}
     for (boot, speed) in zip(BOOTS, speeds):
         folder = run_dir.boot_dir(boot)
         folder.mkdir(parents=True)
         failed = failed_candidate_streams if boot == "candidate" else 0
-        files[boot]["bench.json"] = bench(speed, failed)
+        docs["bench.json"] = bench(speed, failed)
         for receipt in ("solo-vs-concurrent", "resumed-vs-fresh"):
             passed = (receipts or {}).get((boot, receipt), True)
-            files[boot][f"{receipt}.json"] = {"receipt": receipt, "passed": passed}
-        for name, doc in files[boot].items():
-            (folder / name).write_text(json.dumps(doc))
+            docs[f"{receipt}.json"] = {"receipt": receipt, "passed": passed}
+        measured = {}
+        owed = boots.measurements(boot, "http://127.0.0.1:8000",
+                                  Options.from_json(plan["options"]), run_dir)
+        for measurement in owed:
+            doc = docs.get(measurement.output, {"passed": True})  # a tool added since
+            (folder / measurement.output).write_text(json.dumps(doc))
+            measured[measurement.key] = {"exit": exit_of(doc), "file": measurement.output,
+                                         "seconds": 1.0}
         status = (statuses or {}).get(boot, "finished")
         run_dir.save_boot(boot, {"boot": boot, "status": status, "settings": "",
                                  "started_at": "2026-12-03T00:00:00Z", "boot_s": 90.0,
-                                 "measure_s": 60.0, "wall_s": 150.0,
+                                 "measure_s": 60.0, "wall_s": 150.0, "measurements": measured,
+                                 "served": {**SERVED, **(served or {}).get(boot, {})},
                                  **({"why": "rank 0 (glm53-rank0 on 192.0.2.1) is exited during "
                                             "the bench"} if status != "finished" else {})})
     return run_dir
@@ -192,3 +212,117 @@ def test_the_report_holds_every_table_and_the_picture(tmp_path):
     assert (run_dir.path / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     saved = read_json(run_dir.path / "compare.json")
     assert saved["verdict"]["exit"] == 1 and saved["results"]["quality"]["passed"] is False
+
+
+# ----------------------------------------------------------------------------- issue 35
+# Every measurement a boot owes leaves its result or voids the comparison (finding 4); a band
+# wider than the cap is too noisy to judge (finding 5); boots that served different images,
+# recipes or revisions are not compared (finding 6).
+
+
+def test_a_candidate_whose_receipt_files_are_gone_cannot_pass(tmp_path):
+    run_dir = saved_run(tmp_path)
+    for receipt in ("solo-vs-concurrent", "resumed-vs-fresh"):
+        (run_dir.boot_dir("candidate") / f"{receipt}.json").unlink()
+    verdict = verdict_of(run_dir)
+    assert verdict.exit == 2, verdict.line
+    assert verdict.line == ("compare: could not run: boot candidate: the receipt "
+                            "solo-vs-concurrent left no result (solo-vs-concurrent.json is "
+                            "missing or not JSON); boot candidate: the receipt resumed-vs-fresh "
+                            "left no result (resumed-vs-fresh.json is missing or not JSON)")
+
+
+@pytest.mark.parametrize("boot", ["candidate", "reference-b"])
+def test_a_bench_missing_on_any_boot_voids_the_comparison(tmp_path, boot):
+    """Not "speed not measured", and not a reference mean of one boot."""
+    run_dir = saved_run(tmp_path)
+    (run_dir.boot_dir(boot) / "bench.json").unlink()
+    verdict = verdict_of(run_dir)
+    assert verdict.exit == 2, verdict.line
+    assert verdict.line.startswith(f"compare: could not run: boot {boot}: the bench: every "
+                                   "phase at c=1,2, 1 runs x 24 tokens left no result "
+                                   "(bench.json is missing or not JSON)"), verdict.line
+
+
+@pytest.mark.parametrize("file, doc, why", [
+    ("bench.json", {"schema": "bench_decode/1", "cells": [], "finished_at": None},
+     "bench.json: the bench did not finish (no finished_at)"),
+    ("solo-vs-concurrent.json", {"receipt": "solo-vs-concurrent"},
+     "solo-vs-concurrent.json: no passed verdict"),
+    ("gate.json", {"kind": "quality-aa"}, "gate.json: kind 'quality-aa', not 'quality-gate'"),
+])
+def test_a_file_that_is_not_the_tools_result_voids_the_comparison(tmp_path, file, doc, why):
+    run_dir = saved_run(tmp_path)
+    (run_dir.boot_dir("candidate") / file).write_text(json.dumps(doc))
+    verdict = verdict_of(run_dir)
+    assert verdict.exit == 2 and verdict.line.endswith(f"left no result ({why})"), verdict.line
+
+
+def test_an_exit_that_disagrees_with_the_result_file_voids_the_comparison(tmp_path):
+    """A receipt file that says passed from a tool that exited 1 is not a result (a crash
+    after writing it, say)."""
+    run_dir = saved_run(tmp_path)
+    record = run_dir.boot_record("candidate")
+    record["measurements"]["solo-vs-concurrent"]["exit"] = 1
+    run_dir.save_boot("candidate", record)
+    verdict = verdict_of(run_dir)
+    assert verdict.exit == 2
+    assert verdict.line.endswith("the receipt solo-vs-concurrent left no result "
+                                 "(solo-vs-concurrent.json: passed is true but the tool exited "
+                                 "1)"), verdict.line
+
+
+def test_every_owed_measurement_is_owed_by_the_verdict_too(tmp_path, monkeypatch):
+    """A measurement added to the boot's list (as the probes are) is owed at once: a boot
+    record without it voids the comparison, naming the boot and the tool."""
+    run_dir = saved_run(tmp_path)
+    listed = boots.measurements
+
+    def with_a_probe(boot, url, options, run_dir):
+        return [*listed(boot, url, options, run_dir),
+                boots.Measurement("multibyte", "probe multibyte", ("python3", "probes.py"),
+                                  "multibyte.json", (0, 1))]
+
+    monkeypatch.setattr(boots, "measurements", with_a_probe)
+    verdict = verdict_of(run_dir)
+    assert verdict.exit == 2
+    assert verdict.line.startswith("compare: could not run: boot reference-a: the probe "
+                                   "multibyte did not run (its boot record has no multibyte)"), \
+        verdict.line
+
+
+@pytest.mark.parametrize("band_kl, band_top1, says", [
+    (0.02, 1.0, "overall mean KL limit 0.02 is over the cap 0.012"),
+    (0.0, 0.95, "overall top-1 agreement limit 0.9500 is under the cap 0.9670"),
+])
+def test_a_band_wider_than_the_cap_is_too_noisy_to_judge(tmp_path, band_kl, band_top1, says):
+    verdict = verdict_of(saved_run(tmp_path, band_kl=band_kl, band_top1=band_top1))
+    assert verdict.exit == 2, verdict.line
+    assert verdict.line.startswith("compare: could not run: the reference is too noisy to "
+                                   f"judge: {says}"), verdict.line
+
+
+def test_a_band_within_the_cap_judges_as_before(tmp_path):
+    verdict = verdict_of(saved_run(tmp_path, band_kl=results.BAND_CAP_KL_MEAN,
+                                   band_top1=results.BAND_FLOOR_TOP1_AGREEMENT))
+    assert verdict.exit == 0, verdict.line
+
+
+@pytest.mark.parametrize("boot, field", [("reference-b", "image_id"),
+                                         ("candidate", "recipe_commit"),
+                                         ("candidate", "model_revision"),
+                                         ("reference-a", "drafter_revision")])
+def test_boots_that_served_something_else_are_not_compared(tmp_path, boot, field):
+    verdict = verdict_of(saved_run(tmp_path, served={boot: {field: "sha256:" + "9" * 64}}))
+    assert verdict.exit == 2, verdict.line
+    assert f"served {field} " in verdict.line and "sha256:" + "9" * 64 in verdict.line, \
+        verdict.line
+
+
+def test_a_candidate_may_serve_what_its_differing_settings_choose(tmp_path):
+    verdict = verdict_of(saved_run(tmp_path, differing=["IMAGE"],
+                                   served={"candidate": {"image_id": "sha256:" + "9" * 64}}))
+    assert verdict.exit == 0, verdict.line
+    verdict = verdict_of(saved_run(tmp_path / "b", differing=["IMAGE"],
+                                   served={"reference-b": {"image_id": "sha256:" + "9" * 64}}))
+    assert verdict.exit == 2, verdict.line

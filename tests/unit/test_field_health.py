@@ -21,7 +21,7 @@ from tests.unit.test_launcher_lifecycle import HEAD, WORKER, make_cluster, plant
 from tests.unit.test_launcher_support import FAKE_SSH, REPO, run
 
 CURL = shutil.which("curl")
-pytestmark = pytest.mark.skipif(CURL is None, reason="these tests read a real server with curl")
+pytestmark = pytest.mark.needs_tool("curl", "these tests read a real server with curl")
 
 
 def real_curl(tmp_path):

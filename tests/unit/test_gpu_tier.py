@@ -5,6 +5,9 @@ runs the launcher's own serve argv with only the overrides the tier names."""
 from __future__ import annotations
 
 import json
+import re
+
+import pytest
 
 from tests.gpu import models
 from tests.gpu.engine import ADDED, OVERRIDES, served_argv, served_env
@@ -53,3 +56,121 @@ def test_servers_run_the_launchers_argv_with_only_the_named_overrides(tmp_path):
     levers = {k: v for k, v in launcher["env"].items() if k.startswith("GLM53_")}
     assert levers and all(env[k] == v for k, v in levers.items())
     assert not any(k.startswith("GLM53_") for k in served_env(launcher, tmp_path, {}, False))
+
+
+# ----------------------------------------------------------------------------- issue 35
+
+
+def fake_payload(tmp_path):
+    """A payload laid out as tests/gpu/payload.py packs it (the launcher's rank-0 argv, a
+    folder per model of MODELS, the margin target's table), its models empty."""
+    from tests.gpu import payload
+
+    root = tmp_path / "payload"
+    for name in payload.MODELS:
+        (root / "models" / name).mkdir(parents=True)
+    (root / "models" / "margin-target" / "next_token.json").write_text(
+        json.dumps({"next_token": [1, 0]}))
+    (root / "launcher_rank0.json").write_text(json.dumps(launcher_rank0("/models/tiny")))
+    return root
+
+
+def test_the_engine_servers_are_built_from_what_the_payload_packs(tmp_path):
+    """engine.py's construction, up to the first server it would start: each server's model
+    is a model the payload packs, its argv the launcher's (issue 35, finding 1)."""
+    from tests.gpu import engine, payload
+
+    root = fake_payload(tmp_path)
+    made = engine.servers(root, tmp_path / "out")
+    for name, server in made.items():
+        assert server.process is None  # built, not started
+        model = server.argv[server.argv.index("serve") + 1]
+        assert model.startswith(str(root / "models")), (name, model)
+        assert model.rsplit("/", 1)[-1] in payload.MODELS, (name, model)
+    # the A/A's three boots of the tiny target are the same server three times
+    tiny = [made[name] for name in engine.TINY_AA.values()]
+    assert len({id(s) for s in tiny}) == 3
+    assert len({tuple(a for a in s.argv if not a.isdigit()) for s in tiny}) == 1
+
+
+class FakeTools:
+    """engine.py's `tool` (a bench/ command) answering from fake records: each boot of the
+    tiny target is a boot; the gate fails a boot listed in FAILS."""
+
+    def __init__(self, url_of: dict[str, str], fails=()):
+        self.name_of = {url: name for name, url in url_of.items()}
+        self.fails, self.calls = set(fails), []
+
+    def __call__(self, out, name, script, command, *args):
+        url = args[args.index("--url") + 1]
+        boot = self.name_of[url]
+        self.calls.append((name, command, boot))
+        overall = {"kl_mean": 4.2e-4, "top1_agreement": 1.0}
+        kind = {"record": "quality-record", "aa": "quality-aa", "gate": "quality-gate"}[command]
+        doc = {"kind": kind, "overall": overall, "prompts": []}
+        code = 1 if command == "gate" and boot in self.fails else 0
+        return {"exit": code, "doc": doc, "tail": ""}
+
+
+@pytest.mark.parametrize("fails, passed", [((), True), (("gate-c",), False)])
+def test_the_aa_gate_judges_a_boot_that_neither_recorded_nor_measured_the_band(
+        tmp_path, monkeypatch, fails, passed):
+    """A real A/A (issue 35, finding 3): the record from one boot of the tiny target, the band
+    from a second, and a third boot gated against them; the old engine.py gated the band's own
+    boot (KL 4.2441602e-4 on both sides: it could not fail)."""
+    from tests.gpu import engine
+
+    url = {name: f"http://127.0.0.1:{9000 + i}" for i, name in enumerate(
+        ("gate-a", "gate-b", "gate-c", "gate-int8"))}
+    tools = FakeTools(url, fails + ("gate-int8",))
+    monkeypatch.setattr(engine, "tool", tools)
+    monkeypatch.setattr(engine, "float64_prediction", lambda *a: {"per_prompt": [
+        {"coarse": [1.26e-3], "full": [1.3e-3]}]})
+    results, doc = [], {}
+    engine.gate_quality(doc, results, url, tmp_path, tmp_path)
+    by_command = {}
+    for name, command, boot in tools.calls:
+        by_command.setdefault(command, []).append(boot)
+    recorded, band = by_command["record"], by_command["aa"]
+    aa_gates = [boot for boot in by_command["gate"] if boot != "gate-int8"]
+    assert len(aa_gates) == 1 and aa_gates[0] not in recorded + band, tools.calls
+    check = next(r for r in results if "second boot" in r["check"] or "third boot" in r["check"])
+    assert check["passed"] is passed, check
+
+
+def test_a_kernel_class_other_than_the_claimed_one_fails_the_engine(tmp_path):
+    """What docs/gpu-tier.md claims (Marlin FP4 for the NVFP4 drafter, GPTQ-Marlin for the
+    INT8 groups) is asserted from each server's log, failing when vLLM chose another kernel
+    or said nothing (issue 35, finding 8)."""
+    from tests.gpu import engine
+
+    def log(*lines):
+        return [f"(EngineCore pid=1) INFO 12-03 17:18:50 [x.py:1] {line}" for line in lines]
+
+    said = {"defaults": log("Using MarlinNvFp4LinearKernel for NVFP4 GEMM"),
+            "gate-int8": log("Using MarlinLinearKernel for CompressedTensorsWNA16")}
+    results = []
+    engine.kernel_checks(results, said)
+    assert [r["passed"] for r in results] == [True, True], results
+    said["gate-int8"] = log("Using ConchLinearKernel for CompressedTensorsWNA16")
+    said["defaults"] = log("Using AttentionBackendEnum.TRITON_ATTN backend.")
+    results = []
+    engine.kernel_checks(results, said)
+    assert [r["passed"] for r in results] == [False, False], results
+    assert results[1]["chosen"] == ["ConchLinearKernel"]
+
+
+def test_the_gpu_tier_page_quotes_only_committed_speed_figures():
+    """Every time ratio docs/gpu-tier.md states for the kernels is one in the committed
+    docs/gpu-results/kernels.json (issue 35, finding 8: a "previous pass" 0.715 cited a JSON
+    that was never committed)."""
+    from tests.conftest import REPO_ROOT
+
+    results = json.loads((REPO_ROOT / "docs" / "gpu-results" / "kernels.json").read_text())
+    ratios = {f"{t['ratio']:.{digits}f}" for shape in results["shapes"].values()
+              for fmt in shape["formats"].values() for t in fmt["timing"] for digits in (2, 3)}
+    page = (REPO_ROOT / "docs" / "gpu-tier.md").read_text()
+    speed = page[page.index("**Speed: where weight-only pays off"):
+                 page.index("**Planted layout faults")]
+    quoted = re.findall(r"(?<![\d.])0\.\d+", speed)
+    assert quoted and set(quoted) <= ratios, sorted(set(quoted) - ratios)
