@@ -56,10 +56,10 @@ def launcher_settings(state: Path, port: int) -> dict:
             "SERVED_MODEL_NAME": SERVED, "MAX_MODEL_LEN": TINY_CONTEXT, "MEM_PREFLIGHT": 0}
 
 
-def start_engine(engine, models, tmp_path) -> EngineServer:
+def start_engine(engine, models, tmp_path, env=None) -> EngineServer:
     # niceness 0: the engine answers the doctor as promptly as the test runs it
     return EngineServer(engine, models.target,
-                        [*TINY_SERVE_ARGS, "--served-model-name", SERVED],
+                        [*TINY_SERVE_ARGS, "--served-model-name", SERVED], env,
                         name="health", log_dir=tmp_path, ready_timeout=BOOT_GUARD_S).start()
 
 
@@ -110,22 +110,6 @@ def until(what: str, condition, guard_s: float, *alive):
     return result
 
 
-def models_window_after_kill(server: EngineServer, killed_at: float) -> str:
-    """What /v1/models said after the kill until the API server exited: observed, not
-    asserted (the window is vLLM's timing)."""
-    last_200 = None
-    deadline = killed_at + 120
-    while server.process.poll() is None and time.monotonic() < deadline:
-        if http_status(server.port, "/v1/models") == 200:
-            last_200 = time.monotonic() - killed_at
-        time.sleep(0.1)
-    exited = ("the API server exited" if server.process.poll() is not None
-              else "the API server still ran after 120 s")
-    if last_200 is None:
-        return f"/v1/models did not answer 200 after the doctor's verdict; {exited}"
-    return f"/v1/models answered 200 until {last_200:.1f} s after the kill; {exited}"
-
-
 GATED_CURL = """#!/bin/sh
 # The doctor's curl. Its /health read waits until the test has killed the engine core and
 # seen /health fail: it creates at-health, then waits for released. The rest as curl.
@@ -159,7 +143,12 @@ def test_doctor_reports_the_rank_down_within_5_s_of_the_engine_core_kill(
 
     What the timing holds is what depends on the engine: vLLM's /health turning 503 (which
     the test waits for before it lets the doctor's read go, so the read cannot race it) and
-    the doctor's one curl of it and its decision, with no sleep, retry or wait between. Its
+    the doctor's one curl of it and its decision, with no sleep, retry or wait between.
+    The API server is kept up after its engine dies (VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1): by
+    default it exits a few seconds later, and on a loaded machine the test's own poll once
+    first saw it gone, released the doctor onto no answer ("loading"), and failed for a race
+    of the harness, not the doctor's. Served, a dead API server ends its container, which the
+    doctor reads as down (tests/unit/test_doctor.py). Its
     work that does not depend on the engine (python's start, the settings, the docker
     inspects: 1.3 s idle for a whole scripts/doctor run, ten times that at nice 10 beside
     two busy loops, tests/unit/test_field_health.py) is done before the kill, so a loaded
@@ -169,7 +158,7 @@ def test_doctor_reports_the_rank_down_within_5_s_of_the_engine_core_kill(
     times that. The read is capped by curl's --max-time 5, so a /health that hung would
     end as "loading" and fail the verdict check, not only the bound.
     """
-    server = start_engine(engine, models, tmp_path)
+    server = start_engine(engine, models, tmp_path, {"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"})
     try:
         server.wait_ready()
         state = make_cluster(tmp_path)
@@ -207,8 +196,8 @@ def test_doctor_reports_the_rank_down_within_5_s_of_the_engine_core_kill(
                                   f"{capsys.readouterr().out}"
         killed_at = time.monotonic()
         os.kill(core, signal.SIGKILL)
-        until("failed /health after the kill",
-              lambda: http_status(server.port, "/health") != 200, HANG_GUARD_S)
+        until("/health answering 503 after the kill",
+              lambda: http_status(server.port, "/health") == 503, HANG_GUARD_S)
         models_then = http_status(server.port, "/v1/models")
         (state / "released").touch()
         thread.join(HANG_GUARD_S)
@@ -216,19 +205,17 @@ def test_doctor_reports_the_rank_down_within_5_s_of_the_engine_core_kill(
             pytest.fail(f"the doctor still ran {HANG_GUARD_S} s after the kill (hung)",
                         pytrace=False)
         out = capsys.readouterr().out
-        window = models_window_after_kill(server, killed_at)
         monkeypatch.undo()
         assert "error" not in verdict, verdict
         verdict_s = verdict["at"] - killed_at
         progress(f"doctor: verdict {verdict_s:.2f} s after the engine core's kill; /v1/models "
-                 f"{models_then} when /health first failed; {window}")
+                 f"{models_then} when /health first failed")
         assert verdict["code"] == doctor.EXIT_DOWN, out
         assert (f"API http://127.0.0.1:{server.port}/health answers 503: the engine is down"
                 in out), out
         assert verdict_s < DOCTOR_BOUND_S, f"verdict {verdict_s:.2f} s after the kill\n{out}"
-        # /v1/models never tells the death by a status: it answers 200 (the dead engine's
-        # API) or nothing (the API server gone); which one is vLLM's timing, recorded above
-        assert models_then in (200, None), models_then
+        # /v1/models does not tell the death by a status: the dead engine's API answers 200
+        assert models_then == 200, models_then
     finally:
         server.stop()
 
