@@ -187,6 +187,7 @@ class Driver:
         self.drafts_accepted = 0
         self.steps = 0
         self.next_token = 500
+        self.min_free = 1 << 62
 
     def add(self, request_id: str, prompt: list[int], max_tokens: int, hasher) -> Request:
         request = Request(
@@ -242,6 +243,7 @@ class Driver:
             scheduler_output = self.scheduler.schedule()
             self._note_schedule(scheduler_output)
             self.steps += 1
+            self.min_free = min(self.min_free, self.scheduler.kv_cache_manager.block_pool.get_num_free_blocks())
             pending.append((scheduler_output, self._output(scheduler_output)))
             # Async scheduling keeps one step in flight: step N's output lands after N+1 is scheduled.
             while pending and (not self.async_scheduling or len(pending) > 1
@@ -291,10 +293,11 @@ def run_case(case: str) -> dict:
         specs.update(drafter_specs())
     memory = ROOMY
     if pool == "tight":
-        probe_config, _, _ = plan(make_vllm_config(with_drafter, async_scheduling), specs, ROOMY)
-        per_block = ROOMY // probe_config.num_blocks
-        # Room for turn 2 and the filler together, not for turn 1's cache besides.
-        memory = per_block * (cdiv(turn1_length + ANSWER + TURN2_NEW, BLOCK) + cdiv(FILLER, BLOCK) + 24)
+        # Room for what turn 2 alone holds at its peak (measured on the roomy pool) and two
+        # blocks more (the admission reserve of the drafter's window): the filler between the turns evicts part of turn 1's cached blocks.
+        roomy = run_case("-".join([drafting, mode, "roomy", *rest]))
+        memory = ROOMY // roomy["num_blocks"] * (roomy["turn2_peak_blocks"] + 8)
+        config.model_config.max_model_len = 24576  # a small pool cannot hold 327,680 tokens
     kv_config, scheduler_block, hash_block = plan(config, specs, memory)
     from vllm.utils.hashing import sha256
     hasher = utils.get_request_block_hasher(hash_block, sha256)
@@ -327,10 +330,12 @@ def run_case(case: str) -> dict:
         driver.run()
     prompt2 = prompt1 + answer + [(13 * i) % 983 + 5 for i in range(TURN2_NEW)]
     report["shared_prefix"] = len(prompt1) + len(answer)
-    turn2 = driver.add("turn2", prompt2, 4, hasher)
+    driver.add("turn2", prompt2, 4, hasher)
+    driver.min_free = free_at_start  # from here on, what turn 2 alone holds
     # The first step of turn 2: its hit and the blocks it holds per group.
     scheduler_output = scheduler.schedule()
     driver._note_schedule(scheduler_output)
+    driver.min_free = min(driver.min_free, pool_obj.get_num_free_blocks())
     report["turn2_hit"] = driver.first_hit["turn2"]
     report["turn2_blocks"] = group_blocks(scheduler, "turn2")
     draft_ids = [i for i, g in enumerate(groups) if type(g.kv_cache_spec) is SlidingWindowSpec]
@@ -350,6 +355,7 @@ def run_case(case: str) -> dict:
         driver._draft(scheduler_output)
     driver.run()
     report["turn2_prefill"] = driver.prefill_tokens["turn2"]
+    report["turn2_peak_blocks"] = free_at_start - driver.min_free
     report["turn2_prompt"] = len(prompt2)
     report["drafts_scheduled"] = driver.drafts_scheduled
     report["drafts_accepted"] = driver.drafts_accepted
