@@ -11,7 +11,7 @@ __all__ = ["EXIT_CODES", "LAYERS", "PATCHERS", "Layer", "LayerResult", "LayerSet
 LAYERS = ("v8", "v9", "v10", "v11", "v13")
 # Patchers that run inside an image layer after the layer's own, named LAYER_*: its
 # Dockerfile lists them (docker/Dockerfile.sm121-v13 runs v13, then v13_weights).
-PATCHERS = (*LAYERS, "v13_weights")
+PATCHERS = (*LAYERS, "v11_dflash_block_drop", "v13_weights")
 
 
 def load_layer(name: str, **options) -> Layer:

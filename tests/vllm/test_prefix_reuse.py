@@ -26,11 +26,17 @@ BLOCK = 2304
 TURN1 = 9 * BLOCK - 700  # the probe's unaligned first prompt
 SHARED = TURN1 + 24  # its prompt and its answer
 BEST = SHARED // BLOCK * BLOCK  # 18,432: the last KDA checkpoint a block-aligned hit can use
+HASH_BLOCK = BLOCK // 4  # beside v11's quarter-block draft group
+# Drafted, without EAGLE's trailing-block drop: 0.30.0 checkpoints KDA at the prompt's last
+# hash boundary, so the hit is turn 1's prompt floored to 576 (19,584)
+DRAFTED_BEST = TURN1 // HASH_BLOCK * HASH_BLOCK
+# v11_dflash_block_drop's planted fault, on 0.30.0 only (its decorator undone in the probe)
+STOCK_DROP_CASE = "accept-sync-roomy-stockdrop"
 
 
-def run_probe(tree):
+def run_probe(tree, *extra_cases):
     result = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "tests/vllm/probes/glm5next_prefix_reuse.py"), *CASES],
+        [sys.executable, str(REPO_ROOT / "tests/vllm/probes/glm5next_prefix_reuse.py"), *CASES, *extra_cases],
         capture_output=True, text=True, timeout=300, check=False,
         env={**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"},
     )
@@ -42,15 +48,17 @@ def run_probe(tree):
 
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory, release):
-    """{tree name: the probe's report}: 0.30.0 and the fork shape with v11 (as the chain serves
-    them), 0.33.0 as released (v11 provided by the base)."""
+    """{tree name: the probe's report}: 0.30.0 and the fork shape with v11 and its
+    v11_dflash_block_drop (as the chain serves them), 0.33.0 as released (both provided by the
+    base)."""
     out = {}
     for base in ("0.30.0", "fork"):
         root = tmp_path_factory.mktemp(f"prefix-{base}") / "tree"
         shutil.copytree(release(base), root, copy_function=os.link)
-        code, report, _ = patch_layer("v11", root, "--import-check", "off")
-        assert code == 0 and report["outcome"] == "applied", report
-        out[f"{base}+v11"] = run_probe(root)
+        for layer in ("v11", "v11_dflash_block_drop"):
+            code, report, _ = patch_layer(layer, root, "--import-check", "off")
+            assert code == 0 and report["outcome"] == "applied", report
+        out[f"{base}+v11"] = run_probe(root, *([STOCK_DROP_CASE] if base == "0.30.0" else []))
     out["0.33.0"] = run_probe(release("0.33.0"))
     print("\n" + table(out))
     return out
@@ -113,18 +121,41 @@ def test_0_33_0_drafting_costs_turn_2_nothing(reports):
         assert row["draft_window_blocks_present"] == row["draft_window_blocks_needed"] >= 1, case
 
 
-def test_0_30_0_with_v11_drafting_costs_turn_2_one_block(reports):
-    """0.30.0 applies EAGLE's trailing-block drop to DFlash (use_eagle_block_drop): no group is
-    flagged as the drafter's, so every group is treated as EAGLE's, and turn 1 checkpoints its
-    KDA state one 2304 block lower. Accepting or rejecting drafts, async or not: the same."""
+def assert_drafting_keeps_the_last_block(row, case):
+    """Turn 2 reuses turn 1's prompt to its last 576 boundary, and the drafter's window before
+    the hit's end is all there."""
+    assert row["eagle_group_ids"] == [], case
+    assert row["hash_block"] == HASH_BLOCK, case
+    assert row["turn2_hit"] == DRAFTED_BEST, (case, row["turn2_hit"])
+    assert row["turn2_prefill"] == row["turn2_prompt"] - DRAFTED_BEST, case
+    assert row["draft_window_blocks_present"] == row["draft_window_blocks_needed"] >= 1, case
+
+
+def test_0_30_0_with_v11_drafting_keeps_the_block_eagle_drops(reports):
+    """v11_dflash_block_drop gives DFlash no EAGLE trailing-block drop on 0.30.0: turn 2 hits
+    19,584 of 20,060 (16,128 without it: every group treated as EAGLE's, KDA checkpointed one
+    2304 block lower). Accepting or rejecting drafts, async or not: the same."""
     report = reports["0.30.0+v11"]
     for case in ("accept-sync-roomy", "reject-sync-roomy", "accept-async-roomy", "reject-async-roomy"):
-        row = report[case]
-        assert row["eagle_group_ids"] == list(range(len(row["groups"]))), case
-        assert row["turn2_hit"] == BEST - BLOCK, case
-        assert row["draft_window_blocks_present"] == row["draft_window_blocks_needed"] >= 1, case
+        assert_drafting_keeps_the_last_block(report[case], case)
     assert report["accept-sync-roomy"]["drafts_accepted"] == report["accept-sync-roomy"]["drafts_scheduled"] > 0
     assert report["reject-sync-roomy"]["drafts_accepted"] == 0 < report["reject-sync-roomy"]["drafts_scheduled"]
+
+
+def test_0_30_0_with_the_decorator_undone_loses_the_block_again(reports):
+    """The planted fault: use_eagle_block_drop giving 0.30.0's stock answer. The check above
+    fails on it, and the hit is the one-block loss the patcher exists for."""
+    row = reports["0.30.0+v11"][STOCK_DROP_CASE]
+    with pytest.raises(AssertionError):
+        assert_drafting_keeps_the_last_block(row, STOCK_DROP_CASE)
+    assert row["turn2_hit"] == BEST - BLOCK
+    assert row["eagle_group_ids"] == list(range(len(row["groups"])))
+
+
+def test_0_30_0_drafting_on_a_block_aligned_first_prompt_keeps_nothing(reports):
+    """Without the drop, drafting meets 0.30.0's retention like the undrafted turn does: one
+    first prompt in 2304 (a multiple of 2304) leaves turn 2 nothing (16,128 with the drop)."""
+    assert reports["0.30.0+v11"]["accept-sync-roomy-aligned"]["turn2_hit"] == 0
 
 
 def test_fork_shape_with_v11_refuses_prefix_caching_beside_the_quarter_block_draft_group(reports):

@@ -12,7 +12,10 @@ request 1's prompt and answer plus new tokens.
 
 Arguments: case names, each ``drafting-async-pool`` with drafting one of off, accept,
 reject; async one of sync, async; pool one of roomy, tight (tight: a filler request
-between the turns evicts part of turn 1's cached blocks). Prints one JSON object.
+between the turns evicts part of turn 1's cached blocks); a trailing ``-aligned`` makes turn
+1's prompt a multiple of 2304, ``-stockdrop`` runs the case with
+``SpeculativeConfig.use_eagle_block_drop`` undecorated (the planted fault of patcher
+v11_dflash_block_drop). Prints one JSON object.
 """
 
 import dataclasses
@@ -282,6 +285,8 @@ def group_blocks(scheduler, request_id: str) -> list[int]:
 
 
 def run_case(case: str) -> dict:
+    if case.endswith("-stockdrop"):
+        return with_stock_block_drop(case.removesuffix("-stockdrop"))
     drafting, mode, pool, *rest = case.split("-")
     # A conversation's prompt ends on a block boundary one time in 2304; "aligned" is that case.
     turn1_length = TURN1_PROMPT if rest == ["aligned"] else TURN1_PROMPT - 700
@@ -364,6 +369,19 @@ def run_case(case: str) -> dict:
     report["free_ids_unique"] = len(ids) == len(set(ids))
     report["ref_counts_zero"] = all(b.ref_cnt == 0 for b in pool_obj.blocks if not b.is_null)
     return report
+
+
+def with_stock_block_drop(case: str) -> dict:
+    """CASE with v11_dflash_block_drop's decorator undone: use_eagle_block_drop gives the base's
+    own answer again (the function the decorator wrapped)."""
+    decorated = SpeculativeConfig.use_eagle_block_drop
+    if not hasattr(decorated, "__wrapped__"):
+        raise RuntimeError("SpeculativeConfig.use_eagle_block_drop is not decorated; apply v11_dflash_block_drop first")
+    SpeculativeConfig.use_eagle_block_drop = decorated.__wrapped__
+    try:
+        return run_case(case)
+    finally:
+        SpeculativeConfig.use_eagle_block_drop = decorated
 
 
 def cdiv(a: int, b: int) -> int:
