@@ -13,17 +13,17 @@ LAYER = "v11_dflash_block_drop"
 HELPER = "vllm/config/glm53_dflash_block_drop.py"
 
 
-@pytest.mark.parametrize("base, target, import_check", [
-    ("0.30.0", "vllm/config/speculative.py", "on"),  # vllm.config imports the helper mid-build
-    ("fork", "vllm/v1/core/sched/scheduler.py", "off"),
+# The patched modules' imports (vllm.config imports the helper while half built) are proven by
+# test_prefix_reuse.py's probe, which imports them on these trees.
+@pytest.mark.parametrize("base, target", [
+    ("0.30.0", "vllm/config/speculative.py"),
+    ("fork", "vllm/v1/core/sched/scheduler.py"),
 ])
-def test_applies_then_is_already_applied(tree_copy, base, target, import_check):
+def test_applies_then_is_already_applied(tree_copy, base, target):
     root = tree_copy(base)
-    code, report, _ = patch_layer(LAYER, root, "--import-check", import_check)
+    code, report, _ = patch_layer(LAYER, root, "--import-check", "off")
     assert (code, report["outcome"]) == (0, "applied"), report
     assert report["files"] == [target, HELPER]
-    if import_check == "on":
-        assert "touched modules import" in report["reason"], report
     before = tree_digest(root)
     code, report, _ = patch_layer(LAYER, root)
     assert (code, report["outcome"]) == (0, "already-applied"), report

@@ -298,10 +298,12 @@ def run_case(case: str) -> dict:
         specs.update(drafter_specs())
     memory = ROOMY
     if pool == "tight":
-        # Room for what turn 2 alone holds at its peak (measured on the roomy pool) and two
-        # blocks more (the admission reserve of the drafter's window): the filler between the turns evicts part of turn 1's cached blocks.
+        # Room for what either turn alone holds at its peak (measured on the roomy pool; turn 1
+        # holds more than turn 2 when turn 2 hits) and 8 blocks more (the admission reserve of
+        # the drafter's window): the filler between the turns evicts part of turn 1's cached blocks.
         roomy = run_case("-".join([drafting, mode, "roomy", *rest]))
-        memory = ROOMY // roomy["num_blocks"] * (roomy["turn2_peak_blocks"] + 8)
+        peak = max(roomy["turn1_peak_blocks"], roomy["turn2_peak_blocks"])
+        memory = ROOMY // roomy["num_blocks"] * (peak + 8)
         config.model_config.max_model_len = 24576  # a small pool cannot hold 327,680 tokens
     kv_config, scheduler_block, hash_block = plan(config, specs, memory)
     from vllm.utils.hashing import sha256
@@ -329,6 +331,7 @@ def run_case(case: str) -> dict:
     driver.run()
     answer = list(turn1.output_token_ids)
     report["turn1_prefill"] = driver.prefill_tokens["turn1"]
+    report["turn1_peak_blocks"] = free_at_start - driver.min_free
     report["turn1_answer"] = len(answer)
     if pool == "tight":
         driver.add("filler", [(11 * i) % 991 + 3 for i in range(FILLER)], 2, hasher)
