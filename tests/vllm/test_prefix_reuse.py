@@ -32,6 +32,9 @@ HASH_BLOCK = BLOCK // 4  # beside v11's quarter-block draft group
 DRAFTED_BEST = TURN1 // HASH_BLOCK * HASH_BLOCK
 # v11_dflash_block_drop's planted fault, on 0.30.0 only (its decorator undone in the probe)
 STOCK_DROP_CASE = "accept-sync-roomy-stockdrop"
+# The fork shape with the drafter's group at the attention block (how it starts with prefix
+# caching), with v11_dflash_block_drop's scheduler gates and with them undone (the fault)
+FORK_FULL_BLOCK_CASES = ["pin-drafter-fullblock", "accept-sync-roomy-fullblock", "accept-sync-roomy-fullblock-stockdrop"]
 
 
 def run_probe(tree, *extra_cases):
@@ -58,7 +61,7 @@ def reports(tmp_path_factory, release):
         for layer in ("v11", "v11_dflash_block_drop"):
             code, report, _ = patch_layer(layer, root, "--import-check", "off")
             assert code == 0 and report["outcome"] == "applied", report
-        out[f"{base}+v11"] = run_probe(root, *([STOCK_DROP_CASE] if base == "0.30.0" else []))
+        out[f"{base}+v11"] = run_probe(root, *([STOCK_DROP_CASE] if base == "0.30.0" else FORK_FULL_BLOCK_CASES))
     out["0.33.0"] = run_probe(release("0.33.0"))
     print("\n" + table(out))
     return out
@@ -68,7 +71,7 @@ def table(reports) -> str:
     lines = ["| tree | case | hash block | hit | turn-2 prefill | draft window | free start/end | drafts accepted |",
              "|---|---|---|---|---|---|---|---|"]
     for tree, report in reports.items():
-        for case in CASES:
+        for case in [name for name in report if name != "vllm_file"]:
             row = report[case]
             if case.startswith("pin"):
                 lines.append(f"| {tree} | {case} | | | | | {row.get('num_blocks', row.get('error'))} blocks | |")
@@ -173,3 +176,19 @@ def test_a_tight_pool_evicts_turn_1_and_stays_whole(reports):
         row = report["off-sync-tight"]
         assert row["num_blocks"] < report["off-sync-roomy"]["num_blocks"] // 10, tree
         assert row["turn2_hit"] % BLOCK == 0 and row["turn2_hit"] <= BEST, tree
+
+
+def test_fork_shape_with_the_draft_group_at_the_attention_block_starts_and_keeps_the_block(reports):
+    """The fork shape's way past its refusal: the drafter's group at 2304. It then starts, and
+    v11_dflash_block_drop's scheduler gates keep the block EAGLE's drop costs (18,432; with the
+    gates undone, the planted fault, 16,128), at the cost of pool: 148 blocks at the launcher's
+    pin instead of v11's 362."""
+    report = reports["fork+v11"]
+    row = report["accept-sync-roomy-fullblock"]
+    assert row["hash_block"] == BLOCK and row["eagle_group_ids"] == [], row
+    assert row["turn2_hit"] == BEST and row["turn2_prefill"] == row["turn2_prompt"] - BEST
+    assert row["draft_window_blocks_present"] == row["draft_window_blocks_needed"] >= 1
+    assert row["free_at_end"] == row["free_at_start"] and row["free_ids_unique"] and row["ref_counts_zero"]
+    fault = report["accept-sync-roomy-fullblock-stockdrop"]
+    assert fault["turn2_hit"] == BEST - BLOCK and fault["eagle_group_ids"] == list(range(len(fault["groups"])))
+    assert report["pin-drafter-fullblock"]["num_blocks"] < report["pin-drafter"]["num_blocks"] // 2

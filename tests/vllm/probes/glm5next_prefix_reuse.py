@@ -13,9 +13,10 @@ request 1's prompt and answer plus new tokens.
 Arguments: case names, each ``drafting-async-pool`` with drafting one of off, accept,
 reject; async one of sync, async; pool one of roomy, tight (tight: a filler request
 between the turns evicts part of turn 1's cached blocks); a trailing ``-aligned`` makes turn
-1's prompt a multiple of 2304, ``-stockdrop`` runs the case with
-``SpeculativeConfig.use_eagle_block_drop`` undecorated (the planted fault of patcher
-v11_dflash_block_drop). Prints one JSON object.
+1's prompt a multiple of 2304, ``-fullblock`` gives the drafter's group the attention block
+(2304) instead of v11's quarter, ``-stockdrop`` runs the case with patcher
+v11_dflash_block_drop undone (its planted fault: 0.30.0's ``use_eagle_block_drop`` undecorated,
+the fork shape's scheduler gate giving ``use_eagle`` back). Prints one JSON object.
 """
 
 import dataclasses
@@ -287,6 +288,8 @@ def group_blocks(scheduler, request_id: str) -> list[int]:
 def run_case(case: str) -> dict:
     if case.endswith("-stockdrop"):
         return with_stock_block_drop(case.removesuffix("-stockdrop"))
+    if case.endswith("-fullblock"):
+        return with_full_draft_block(case.removesuffix("-fullblock"))
     drafting, mode, pool, *rest = case.split("-")
     # A conversation's prompt ends on a block boundary one time in 2304; "aligned" is that case.
     turn1_length = TURN1_PROMPT if rest == ["aligned"] else TURN1_PROMPT - 700
@@ -375,16 +378,36 @@ def run_case(case: str) -> dict:
 
 
 def with_stock_block_drop(case: str) -> dict:
-    """CASE with v11_dflash_block_drop's decorator undone: use_eagle_block_drop gives the base's
-    own answer again (the function the decorator wrapped)."""
-    decorated = SpeculativeConfig.use_eagle_block_drop
-    if not hasattr(decorated, "__wrapped__"):
-        raise RuntimeError("SpeculativeConfig.use_eagle_block_drop is not decorated; apply v11_dflash_block_drop first")
-    SpeculativeConfig.use_eagle_block_drop = decorated.__wrapped__
+    """CASE with v11_dflash_block_drop undone: the base's own answer again, from the function the
+    decorator wrapped (0.30.0) or from a scheduler gate that passes use_eagle through (fork)."""
+    import vllm.v1.core.sched.scheduler as scheduler_module
+    decorated = getattr(SpeculativeConfig, "use_eagle_block_drop", None)
+    if hasattr(decorated, "__wrapped__"):
+        owner, name, stock = SpeculativeConfig, "use_eagle_block_drop", decorated.__wrapped__
+    elif hasattr(scheduler_module, "drops_trailing_block"):
+        owner, name, stock = scheduler_module, "drops_trailing_block", lambda use_eagle, _config: use_eagle
+    else:
+        raise RuntimeError("v11_dflash_block_drop is not applied to this tree; apply it first")
+    patched = getattr(owner, name)
+    setattr(owner, name, stock)
     try:
         return run_case(case)
     finally:
-        SpeculativeConfig.use_eagle_block_drop = decorated
+        setattr(owner, name, patched)
+
+
+def with_full_draft_block(case: str) -> dict:
+    """CASE with the drafter's KV group at the attention block (v11's helper at divisor 1): the
+    fork shape's way to start with prefix caching beside the drafter, at a cost in pool."""
+    from vllm.v1.core import glm5_next_draft_kv as draft_kv
+    quarter = draft_kv.DRAFT_BLOCK_DIVISOR
+    draft_kv.DRAFT_BLOCK_DIVISOR = 1
+    try:
+        if case.startswith("pin-"):
+            return pin_case(case == "pin-drafter")
+        return run_case(case)
+    finally:
+        draft_kv.DRAFT_BLOCK_DIVISOR = quarter
 
 
 def cdiv(a: int, b: int) -> int:
@@ -404,7 +427,7 @@ def main():
     report = {"vllm_file": vllm.__file__}
     for case in sys.argv[1:]:
         try:
-            if case.startswith("pin-"):
+            if case.startswith("pin-") and not case.endswith("-fullblock"):
                 report[case] = pin_case(case == "pin-drafter")
                 continue
             report[case] = run_case(case)
