@@ -10,7 +10,8 @@
 A bench picture has four panels: per-stream and aggregate tok/s against concurrency (median
 over runs, with the runs' min-max as a bar), acceptance length, and acceptance per draft
 position (one line per cell); a file with the turns phase adds two: time to first token by
-turn, and each turn's prompt split into cached and prefilled tokens. A memory picture draws MemAvailable per node over time, the
+turn, and each turn's prompt split into cached and prefilled tokens. A memory picture draws
+MemAvailable per node over time, the
 boot phases shaded, each node's floor dashed and samples under it marked. A quality picture
 draws KL(reference || candidate) per generated position of each prompt (log scale, top-1
 disagreements marked) and each phase's mean KL against the band's limit. A comparison picture

@@ -22,7 +22,8 @@ from bench.stream_client import chat_request, stream_text
 
 PHASE = "turns"
 DEFAULT_TURN_TOKENS = (8192, 32768, 65536)
-LINE = "Line {n:06d}: the keeper logged the wind, the ships that passed and the oil the lamp burned.\n"
+LINE = ("Line {n:06d}: the keeper logged the wind, the ships that passed and the oil the lamp "
+        "burned.\n")
 QUESTION = "Which line of the log above mentions the most ships? Answer in one sentence."
 CALIBRATION_LINES = (16, 80)
 CALIBRATION_TOKENS = 2  # the calibration answers are not measured, only their usage read
@@ -54,7 +55,8 @@ def user_message(prefix: str, first: int, count: int) -> dict:
 
 
 async def _prompt_tokens(client, url: str, model: str, messages: list[dict]) -> int:
-    streamed = await stream_text(client, url, chat_request(model, messages, CALIBRATION_TOKENS, True))
+    body = chat_request(model, messages, CALIBRATION_TOKENS, True)
+    streamed = await stream_text(client, url, body)
     prompt = (streamed.usage or {}).get("prompt_tokens")
     if not streamed.delivered or not isinstance(prompt, int):
         raise TurnsError(f"the turns phase's sizing request got no usage.prompt_tokens "
@@ -122,9 +124,10 @@ async def run_turns(client, url: str, model: str, opts: argparse.Namespace, benc
         after = await fetch_metrics(client, url)
         row = _turn_record(turn, target, streamed, before, after)
         turns.append(row)
-        progress.note(f"turn {turn}: {row['prompt_tokens']} prompt tokens, "
-                      f"{row['cached_tokens'] if row['cached_tokens'] is not None else row['metrics_hits']} "
-                      f"cached, TTFT {row['ttft_s'] if row['ttft_s'] is None else round(row['ttft_s'], 3)} s")
+        cached = row["cached_tokens"] if row["cached_tokens"] is not None else row["metrics_hits"]
+        ttft = None if row["ttft_s"] is None else round(row["ttft_s"], 3)
+        progress.note(f"turn {turn}: {row['prompt_tokens']} prompt tokens, {cached} cached, "
+                      f"TTFT {ttft} s")
         if not streamed.delivered or not isinstance(row["prompt_tokens"], int):
             break  # the next turn's history would not be what the server saw
         messages.append({"role": "assistant", "content": streamed.content})
@@ -139,7 +142,8 @@ def failures(doc: dict | None) -> list[str]:
         return []
     lines = [f"turns: turn {t['turn']}: {t['failure']}: {t['detail']}" for t in doc["turns"]
              if not t["ok"]]
-    lines += [f"turns: turn {t['turn']}: invalid: {t['restart']}" for t in doc["turns"] if t["restart"]]
+    lines += [f"turns: turn {t['turn']}: invalid: {t['restart']}" for t in doc["turns"]
+              if t["restart"]]
     missing = len(doc["settings"]["turn_tokens"]) - len(doc["turns"])
     if missing:
         lines.append(f"turns: {missing} later turn(s) not run: turn {len(doc['turns'])}'s reply "
@@ -173,7 +177,8 @@ def compare(a: dict | None, b: dict | None) -> str | None:
 
         def cached(t):
             return t["cached_tokens"] if t["cached_tokens"] is not None else t["metrics_hits"]
-        lines.append(f"| {ta['turn']} | {_num(ta['prompt_tokens'])} / {_num(tb['prompt_tokens'])} | "
+        lines.append(f"| {ta['turn']} | {_num(ta['prompt_tokens'])} / "
+                     f"{_num(tb['prompt_tokens'])} | "
                      f"{_num(cached(ta))} / {_num(cached(tb))} | {_num(ta['prefill_tokens'])} / "
                      f"{_num(tb['prefill_tokens'])} | {_num(ta['ttft_s'], 3)} | "
                      f"{_num(tb['ttft_s'], 3)} | {change} |")

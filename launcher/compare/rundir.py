@@ -47,7 +47,8 @@ class Options:
     turn_tokens: tuple[int, ...] = ()  # the bench's turns phase, its prompt sizes; () = not run
 
     def to_json(self) -> dict:
-        return dict(asdict(self), concurrency=list(self.concurrency), turn_tokens=list(self.turn_tokens))
+        return dict(asdict(self), concurrency=list(self.concurrency),
+                    turn_tokens=list(self.turn_tokens))
 
     @classmethod
     def from_json(cls, doc: dict) -> Options:

@@ -56,23 +56,28 @@ SPLIT_METHOD = "_mamba_block_aligned_split"
 GATE = "drops_trailing_block"
 MANAGER_GATE = f"{GATE}(self.use_eagle, speculative_config)"
 SPLIT_GATE = f"{GATE}(self.use_eagle, self.vllm_config.speculative_config)"
-BACK_OFF = "last_cache_position = max(last_cache_position - block_size, 0)"  # the fork's KDA back-off
+# the fork's KDA back-off
+BACK_OFF = "last_cache_position = max(last_cache_position - block_size, 0)"
 
 
 def _parsed_class(view: TreeView, path: str, name: str) -> ast.ClassDef | None:
     text = view.read_text(path)
     if text is None:
         return None
-    return next((n for n in ast.parse(text).body if isinstance(n, ast.ClassDef) and n.name == name), None)
+    return next((n for n in ast.parse(text).body
+                 if isinstance(n, ast.ClassDef) and n.name == name), None)
 
 
 def _method(cls: ast.ClassDef | None, name: str) -> ast.FunctionDef | None:
-    return next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == name), None) if cls else None
+    if cls is None:
+        return None
+    return next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
 
 
 def _returned(method: ast.FunctionDef) -> str | None:
     """The method's one return expression, unparsed (docstring aside), or None."""
-    body = [n for n in method.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
+    body = [n for n in method.body
+            if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
     if len(body) == 1 and isinstance(body[0], ast.Return) and body[0].value is not None:
         return ast.unparse(body[0].value)
     return None
@@ -94,7 +99,8 @@ class _SchedulerGates(cst.CSTTransformer):
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self.method.append(node.name.value)
 
-    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
+    def leave_FunctionDef(self, original: cst.FunctionDef,
+                          updated: cst.FunctionDef) -> cst.FunctionDef:
         self.method.pop()
         return updated
 
@@ -142,15 +148,17 @@ class DflashBlockDrop(Glm5NextPatchLayer):
         drop = _method(cls, DROP_METHOD)
         if drop is not None:
             returned = _returned(drop) or ""
-            if _method(cls, UPSTREAM_METHOD) is not None and f"self.{UPSTREAM_METHOD}()" in returned:
+            upstream = _method(cls, UPSTREAM_METHOD)
+            if upstream is not None and f"self.{UPSTREAM_METHOD}()" in returned:
                 return "provided"
             decorators = {ast.unparse(d) for d in drop.decorator_list}
             if returned == STOCK_DROP or (DECORATOR in decorators and view.exists(HELPER)):
                 return "config"
             raise PatchRefused(
-                f"{SPEC_FILE}: {CONFIG_CLASS}.{DROP_METHOD} returns {returned or 'something else'!r}, "
-                f"not {STOCK_DROP!r} nor through {UPSTREAM_METHOD}(); the base drifted, check "
-                "whether it still drops DFlash's trailing block")
+                f"{SPEC_FILE}: {CONFIG_CLASS}.{DROP_METHOD} returns "
+                f"{returned or 'something else'!r}, not {STOCK_DROP!r} nor through "
+                f"{UPSTREAM_METHOD}(); the base drifted, check whether it still drops DFlash's "
+                "trailing block")
         source = view.read_text(SCHEDULER_FILE)
         if source is None:
             raise PatchRefused(f"{SCHEDULER_FILE} is missing; the base drifted")
@@ -161,8 +169,8 @@ class DflashBlockDrop(Glm5NextPatchLayer):
         raise PatchRefused(
             f"{SPEC_FILE}: no {CONFIG_CLASS}.{DROP_METHOD}, and {SCHEDULER_FILE} has "
             f"{len(gates.manager_sites)} KVCacheManager(use_eagle=self.use_eagle) in __init__ and "
-            f"{len(gates.split_sites)} 'if self.use_eagle:' KDA back-offs in {SPLIT_METHOD} (want 1 "
-            "each); the base drifted, check where it drops EAGLE's trailing block")
+            f"{len(gates.split_sites)} 'if self.use_eagle:' KDA back-offs in {SPLIT_METHOD} "
+            "(want 1 each); the base drifted, check where it drops EAGLE's trailing block")
 
     def base_problem(self, view: TreeView) -> str | None:
         problem = super().base_problem(view)
@@ -171,7 +179,8 @@ class DflashBlockDrop(Glm5NextPatchLayer):
         shape = self._shape(view)
         self.target = SCHEDULER_FILE if shape == "scheduler" else SPEC_FILE
         self.plan_note = {"config": f"decorated {CONFIG_CLASS}.{DROP_METHOD}",
-                          "scheduler": f"gated the scheduler's two EAGLE drop sites (no {DROP_METHOD} here)",
+                          "scheduler": "gated the scheduler's two EAGLE drop sites "
+                                       f"(no {DROP_METHOD} here)",
                           "provided": ""}[shape]
         return None
 
@@ -179,14 +188,17 @@ class DflashBlockDrop(Glm5NextPatchLayer):
         if self.target == SCHEDULER_FILE:
             gates = _SchedulerGates()
             module = module.visit(gates)
-            log.record("KVCacheManager's use_eagle asks drops_trailing_block", gates.manager_sites == [True])
+            log.record("KVCacheManager's use_eagle asks drops_trailing_block",
+                       gates.manager_sites == [True])
             log.record("the KDA back-off asks drops_trailing_block", gates.split_sites == [True])
             return _with_import(module, GATE, log)
         cls = find_class(module, CONFIG_CLASS, SPEC_FILE)
         method = find_method(cls, DROP_METHOD, SPEC_FILE)
+        decorated = ensure_decorator(method, DECORATOR, log)
         new_cls = cls.with_changes(body=cls.body.with_changes(
-            body=[ensure_decorator(method, DECORATOR, log) if node is method else node for node in cls.body.body]))
-        module = module.with_changes(body=[new_cls if node is cls else node for node in module.body])
+            body=[decorated if node is method else node for node in cls.body.body]))
+        module = module.with_changes(
+            body=[new_cls if node is cls else node for node in module.body])
         return _with_import(module, DECORATOR, log)
 
     def provided_by_base(self, view: TreeView) -> str | None:
@@ -206,7 +218,8 @@ class DflashBlockDrop(Glm5NextPatchLayer):
         drop = _method(_parsed_class(view, SPEC_FILE, CONFIG_CLASS), DROP_METHOD)
         if drop is not None:
             if DECORATOR not in {ast.unparse(d) for d in drop.decorator_list}:
-                problems.append(f"{SPEC_FILE}: {CONFIG_CLASS}.{DROP_METHOD} is not decorated with {DECORATOR}")
+                problems.append(f"{SPEC_FILE}: {CONFIG_CLASS}.{DROP_METHOD} is not decorated "
+                                f"with {DECORATOR}")
             return problems
         gates = _SchedulerGates()
         cst.parse_module(view.read_text(SCHEDULER_FILE) or "").visit(gates)
@@ -224,9 +237,10 @@ def _with_import(module: cst.Module, name: str, log: StepLog) -> cst.Module:
     log.record(f"import {name}", present)
     if present:
         return module
-    first_definition = next((i for i, n in enumerate(body) if isinstance(n, (cst.ClassDef, cst.FunctionDef))),
-                            len(body))
-    last_import = max(i for i, n in enumerate(body[:first_definition]) if isinstance(n, cst.SimpleStatementLine)
+    first_definition = next((i for i, n in enumerate(body)
+                             if isinstance(n, (cst.ClassDef, cst.FunctionDef))), len(body))
+    last_import = max(i for i, n in enumerate(body[:first_definition])
+                      if isinstance(n, cst.SimpleStatementLine)
                       and isinstance(n.body[0], (cst.Import, cst.ImportFrom)))
     body.insert(last_import + 1, wanted)
     return module.with_changes(body=body)
