@@ -3,11 +3,14 @@
 
     bench/bench_decode.py [--url http://127.0.0.1:8000] [--phase all] [--concurrency 1,2,4]
                           [--runs 3] [--max-tokens 200] [--json results.json]
+                          [--turn-tokens 8192,32768,65536]
     bench/bench_decode.py --compare A.json B.json
 
 For each phase (prose, structured, code) and concurrency c it runs `--runs` waves of c
 streams at once, every stream greedy, thinking off, with its own unique prompt prefix. It
-reads the spec-decode counters of /metrics around each concurrency block. Exit code: 0 when
+reads the spec-decode counters of /metrics around each concurrency block. The turns phase
+(`--phase turns`, or `all,turns`; not in `all`) times one conversation growing to the
+`--turn-tokens` prompt sizes, turn by turn (bench/turns.py). Exit code: 0 when
 every stream was measured and no block was invalidated, 1 otherwise (a summary says what), 2
 when it could not start (bad option, server unreachable, model ambiguous). The JSON contract
 is documented in docs/bench.md.
@@ -31,7 +34,7 @@ if __package__ in (None, ""):  # run as a script: make the `bench` package impor
 
 import aiohttp
 
-from bench import prompts, report
+from bench import prompts, report, turns
 from bench.progress import BenchProgress
 from bench.server_metrics import (
     MetricsSnapshot,
@@ -63,10 +66,13 @@ def _concurrency_list(text: str) -> list[int]:
 
 
 def _phase_list(text: str) -> list[str]:
-    names = list(prompts.PHASES) if text == "all" else [p.strip() for p in text.split(",")]
-    if not names or any(name not in prompts.PHASES for name in names):
+    names = [name for part in text.split(",")
+             for name in (prompts.PHASES if part.strip() == "all" else [part.strip()])]
+    known = (*prompts.PHASES, turns.PHASE)
+    if not names or any(name not in known for name in names):
         raise argparse.ArgumentTypeError(
-            f"--phase must be all or a comma list of {', '.join(prompts.PHASES)}, got {text!r}")
+            f"--phase must be all or a comma list of {', '.join(known)} (all: the first "
+            f"{len(prompts.PHASES)}), got {text!r}")
     return list(dict.fromkeys(names))
 
 
@@ -93,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated stream counts per wave (default 1,2,4)")
     p.add_argument("--runs", type=_positive(1), default=3, help="waves per cell (default 3)")
     p.add_argument("--max-tokens", type=_positive(2), default=200)
+    p.add_argument("--turn-tokens", type=turns.turn_tokens, default=list(turns.DEFAULT_TURN_TOKENS),
+                   help="the turns phase's prompt size at each turn, growing (default "
+                        f"{','.join(map(str, turns.DEFAULT_TURN_TOKENS))})")
     p.add_argument("--warmup", type=_positive(0), default=1,
                    help=f"unmeasured {WARMUP_TOKENS}-token requests sent first (default 1)")
     p.add_argument("--timeout", type=float, default=600.0,
@@ -182,7 +191,7 @@ def _write_json(path: str, doc: dict) -> None:
 
 async def run_bench(opts: argparse.Namespace, progress: BenchProgress) -> dict:
     """Run every cell; return the result document (the JSON contract)."""
-    phases = opts.phases
+    phases = [phase for phase in opts.phases if phase != turns.PHASE]  # the decode phases
     url = opts.url.rstrip("/")
     widest = max(opts.concurrency)
     connector = aiohttp.TCPConnector(limit=widest + 4)
@@ -195,7 +204,7 @@ async def run_bench(opts: argparse.Namespace, progress: BenchProgress) -> dict:
         del request_template["messages"]
         doc = {
             "schema": report.SCHEMA,
-            "settings": {"url": url, "model": model, "phases": phases,
+            "settings": {"url": url, "model": model, "phases": opts.phases,
                          "concurrency": opts.concurrency, "runs": opts.runs,
                          "max_tokens": opts.max_tokens, "warmup": opts.warmup,
                          "timeout_s": opts.timeout, "ignore_eos": opts.ignore_eos,
@@ -208,7 +217,7 @@ async def run_bench(opts: argparse.Namespace, progress: BenchProgress) -> dict:
         }
         for n in range(opts.warmup):
             body = chat_request(model, prompts.phase_messages(
-                phases[0], prompts.unique_prefix(bench_id, "warmup", 1, n, 0)),
+                (phases or prompts.PHASES)[0], prompts.unique_prefix(bench_id, "warmup", 1, n, 0)),
                 WARMUP_TOKENS, opts.ignore_eos)
             record = await run_stream(client, url, body, 0, "warmup", time.perf_counter(), Tally())
             if not record.ok:
@@ -222,6 +231,11 @@ async def run_bench(opts: argparse.Namespace, progress: BenchProgress) -> dict:
                                             progress)
                 if opts.json_path:
                     _write_json(opts.json_path, doc)
+        if turns.PHASE in opts.phases:
+            try:
+                doc["turns"] = await turns.run_turns(client, url, model, opts, bench_id, progress)
+            except turns.TurnsError as exc:
+                raise BenchError(str(exc)) from exc
     cpu = time.process_time() - cpu0
     doc["finished_at"] = _now_iso()
     doc["self_cost"] = {"cpu_seconds": cpu, "streamed_tokens": streamed,
@@ -292,7 +306,7 @@ def failure_summary(doc: dict) -> list[str]:
         if cell["invalid"]:
             lines.append(f"{cell['phase']} c={cell['concurrency']} invalid: "
                          f"{cell['invalid_reason']}")
-    return lines
+    return lines + turns.failures(doc.get("turns"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -305,13 +319,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"bench_decode: {exc}", file=sys.stderr)
             return 2
         print(report.compare(a, b))
+        by_turn = turns.compare(a.get("turns"), b.get("turns"))
+        if by_turn:
+            print("\n" + by_turn)
         return 0
     if not opts.url.startswith(("http://", "https://")):
         parser.error(f"--url must start with http:// or https://, got {opts.url!r}")
     if opts.timeout <= 0:
         parser.error(f"--timeout must be > 0 seconds, got {opts.timeout}")
+    decode_phases = [phase for phase in opts.phases if phase != turns.PHASE]
     progress = BenchProgress(BenchProgress.pick_mode(opts.quiet),
-                             len(opts.phases) * len(opts.concurrency) * opts.runs)
+                             len(decode_phases) * len(opts.concurrency) * opts.runs)
     try:
         with progress:
             doc = asyncio.run(run_bench(opts, progress))
@@ -320,7 +338,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if opts.json_path:
         _write_json(opts.json_path, doc)
-    print(report.markdown_table(doc["cells"]))
+    if doc["cells"]:
+        print(report.markdown_table(doc["cells"]))
+    if "turns" in doc:
+        print(("\n" if doc["cells"] else "") + turns.markdown_table(doc["turns"]))
     problems = failure_summary(doc)
     if problems:
         print("\nbench_decode: FAILED\n" + "\n".join(problems), file=sys.stderr)

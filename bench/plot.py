@@ -9,7 +9,9 @@
 
 A bench picture has four panels: per-stream and aggregate tok/s against concurrency (median
 over runs, with the runs' min-max as a bar), acceptance length, and acceptance per draft
-position (one line per cell). A memory picture draws MemAvailable per node over time, the
+position (one line per cell); a file with the turns phase adds two: time to first token by
+turn, and each turn's prompt split into cached and prefilled tokens. A memory picture draws
+MemAvailable per node over time, the
 boot phases shaded, each node's floor dashed and samples under it marked. A quality picture
 draws KL(reference || candidate) per generated position of each prompt (log scale, top-1
 disagreements marked) and each phase's mean KL against the band's limit. A comparison picture
@@ -131,6 +133,36 @@ def draw_per_position(ax, doc: dict) -> None:
         _nothing(ax, "no per-position acceptance in this file")
 
 
+def _cached(turn: dict) -> float | None:
+    return turn["cached_tokens"] if turn["cached_tokens"] is not None else turn["metrics_hits"]
+
+
+def _name_bars(bars, gid: str) -> None:
+    for index, bar in enumerate(bars):
+        bar.set_gid(f"{gid}/{index}")
+
+
+def draw_turns(ttft_ax, tokens_ax, doc: dict) -> None:
+    """The turns phase: TTFT by turn; each turn's prompt as cached + prefilled tokens."""
+    rows = doc["turns"]["turns"]
+    labels = [f"turn {t['turn']}\n{t['prompt_tokens'] or 0:,} tok" for t in rows]
+    x = list(range(len(rows)))
+    _name_bars(ttft_ax.bar(x, [t["ttft_s"] or 0.0 for t in rows], color="#4c72b0"), "turns/ttft_s")
+    ttft_ax.set_xticks(x, labels)
+    ttft_ax.set_title("turns: time to first token by turn")
+    ttft_ax.set_ylabel("s")
+    ttft_ax.grid(alpha=0.3, axis="y")
+    cached = [_cached(t) or 0 for t in rows]
+    prefilled = [(t["prompt_tokens"] or 0) - c for t, c in zip(rows, cached)]
+    _name_bars(tokens_ax.bar(x, cached, color="#55a868", label="cached"), "turns/cached")
+    _name_bars(tokens_ax.bar(x, prefilled, bottom=cached, color="#c44e52", label="prefilled"),
+               "turns/prefilled")
+    tokens_ax.set_xticks(x, labels)
+    tokens_ax.set_title("turns: prompt tokens, cached and prefilled")
+    tokens_ax.set_ylabel("tokens")
+    tokens_ax.legend()
+
+
 def _nothing(ax, text: str) -> None:
     ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", wrap=True)
 
@@ -152,9 +184,12 @@ def draw_bench(axes: list, doc: dict) -> None:
 
 
 def bench_figure(doc: dict, name: str = "bench") -> Figure:
-    fig = Figure(figsize=(13, 9.5), layout="constrained")
-    axes = fig.subplots(2, 2).flatten()
-    draw_bench(list(axes), doc)
+    with_turns = bool((doc.get("turns") or {}).get("turns"))
+    fig = Figure(figsize=(13, 14 if with_turns else 9.5), layout="constrained")
+    axes = fig.subplots(3 if with_turns else 2, 2).flatten()
+    draw_bench(list(axes[:4]), doc)
+    if with_turns:
+        draw_turns(axes[4], axes[5], doc)
     fig.suptitle(_bench_title(doc, name))
     return fig
 

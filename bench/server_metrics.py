@@ -1,5 +1,5 @@
-"""vLLM's /metrics: spec-decode counters and process start time, their deltas, and the
-acceptance figures derived from them."""
+"""vLLM's /metrics: spec-decode and prefix-cache counters and process start time, their deltas,
+and the acceptance figures derived from them."""
 
 from __future__ import annotations
 
@@ -14,6 +14,10 @@ DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
 ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 START_TIME = "process_start_time_seconds"
+# prefix-cache tokens looked up and found, counted per request at its scheduling (vLLM v1)
+PREFIX_QUERIES = "vllm:prefix_cache_queries"
+PREFIX_HITS = "vllm:prefix_cache_hits"
+_PREFIX = {PREFIX_QUERIES: "queries", PREFIX_HITS: "hits"}
 _TOTALS = {DRAFTS: "drafts", DRAFT_TOKENS: "draft_tokens", ACCEPTED: "accepted_tokens"}
 
 
@@ -26,11 +30,13 @@ class MetricsSnapshot:
     start_time: float | None = None
     spec: dict[str, float] | None = None
     per_position: dict[int, float] = field(default_factory=dict)
+    prefix: dict[str, float] | None = None  # {"queries", "hits"}; None without such counters
 
     def to_json(self) -> dict:
         return {"reachable": self.reachable, "error": self.error, "start_time": self.start_time,
                 "spec": self.spec, "per_position": {str(k): v for k, v in
-                                                    sorted(self.per_position.items())}}
+                                                    sorted(self.per_position.items())},
+                "prefix": self.prefix}
 
 
 def _base_name(sample_name: str) -> str | None:
@@ -44,6 +50,7 @@ def parse_metrics(text: str) -> MetricsSnapshot:
     """Sum the spec-decode counters over engines and label sets; read the start time."""
     snapshot = MetricsSnapshot(reachable=True)
     totals: dict[str, float] = {}
+    prefix: dict[str, float] = {}
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
@@ -53,6 +60,9 @@ def parse_metrics(text: str) -> MetricsSnapshot:
                 elif name in _TOTALS:
                     key = _TOTALS[name]
                     totals[key] = totals.get(key, 0.0) + float(sample.value)
+                elif name in _PREFIX:
+                    key = _PREFIX[name]
+                    prefix[key] = prefix.get(key, 0.0) + float(sample.value)
                 elif name == ACCEPTED_PER_POS:
                     position = int(sample.labels.get("position", "-1"))
                     if position < 0:
@@ -65,6 +75,8 @@ def parse_metrics(text: str) -> MetricsSnapshot:
         for key in _TOTALS.values():
             totals.setdefault(key, 0.0)
         snapshot.spec = totals
+    if prefix:
+        snapshot.prefix = {key: prefix.get(key, 0.0) for key in _PREFIX.values()}
     return snapshot
 
 
@@ -118,6 +130,15 @@ def spec_delta(before: MetricsSnapshot, after: MetricsSnapshot) -> SpecDelta | N
         accepted_per_position=[after.per_position.get(p, 0.0) - before.per_position.get(p, 0.0)
                                for p in positions],
     )
+
+
+def prefix_delta(before: MetricsSnapshot, after: MetricsSnapshot) -> dict[str, float] | None:
+    """{"queries", "hits"} tokens counted between two snapshots of one server life; None without
+    the counters or across a restart (a counter went down)."""
+    if before.prefix is None or after.prefix is None:
+        return None
+    delta = {key: after.prefix[key] - before.prefix[key] for key in _PREFIX.values()}
+    return None if min(delta.values()) < 0 else delta
 
 
 def acceptance(delta: SpecDelta | None) -> dict:

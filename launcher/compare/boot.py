@@ -148,7 +148,9 @@ def measurements(boot: str, url: str, options: Options, run_dir: RunDir) -> list
     found.append(Measurement("bench", (
         f"bench: every phase at c={','.join(map(str, options.concurrency))}, {options.runs} runs x "
         f"{options.max_tokens} tokens"), (
-        python, str(BENCH / "bench_decode.py"), "--url", url, "--phase", "all",
+        python, str(BENCH / "bench_decode.py"), "--url", url,
+        *(("--phase", "all,turns", "--turn-tokens", ",".join(map(str, options.turn_tokens)))
+          if options.turn_tokens else ("--phase", "all")),
         "--concurrency", ",".join(map(str, options.concurrency)), "--runs", str(options.runs),
         "--max-tokens", str(options.max_tokens), "--json", str(folder / "bench.json")),
         "bench.json", (0, 1), bench_result))

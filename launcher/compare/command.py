@@ -52,6 +52,17 @@ def _concurrency(text: str) -> tuple[int, ...]:
     return values
 
 
+def _growing(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or values[0] < 256 or any(b <= a for a, b in zip(values, values[1:])):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of growing prompt sizes "
+                                         "of 256 tokens or more")
+    return values
+
+
 def _at_least(minimum: int):
     def parse(text: str) -> int:
         if not text.isdigit() or int(text) < minimum:
@@ -80,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
                         f"{defaults.check_tokens})")
     p.add_argument("--needle-words", type=_at_least(20),
                    help=f"the gate's long prompt in words (default {defaults.needle_words})")
+    p.add_argument("--turn-tokens", type=_growing,
+                   help="also run the bench's turns phase, one conversation growing to these "
+                        "prompt sizes, e.g. 8192,32768,65536 (default: not run)")
     p.add_argument("--out", metavar="DIR", help="the report directory (default: "
                    "RUNS_DIR/compare-<UTC time>)")
     p.add_argument("--resume", metavar="DIR", help="continue the comparison saved in DIR, "
@@ -97,7 +111,7 @@ def options_of(opts: argparse.Namespace, saved: dict | None = None) -> Options:
     """The options given, else the saved ones (--resume), else the defaults."""
     base = Options.from_json(saved) if saved else Options()
     given = {name: getattr(opts, name) for name in ("concurrency", "runs", "max_tokens",
-                                                    "check_tokens", "needle_words")
+                                                    "check_tokens", "needle_words", "turn_tokens")
              if getattr(opts, name) is not None}
     return Options(**{**base.to_json(), "concurrency": base.concurrency, **given})
 

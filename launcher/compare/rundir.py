@@ -98,13 +98,16 @@ class Options:
     max_tokens: int = 200
     check_tokens: int = 128
     needle_words: int = 6000
+    turn_tokens: tuple[int, ...] = ()  # the bench's turns phase, its prompt sizes; () = not run
 
     def to_json(self) -> dict:
-        return dict(asdict(self), concurrency=list(self.concurrency))
+        return dict(asdict(self), concurrency=list(self.concurrency),
+                    turn_tokens=list(self.turn_tokens))
 
     @classmethod
     def from_json(cls, doc: dict) -> Options:
-        return cls(**dict(doc, concurrency=tuple(doc["concurrency"])))
+        return cls(**dict(doc, concurrency=tuple(doc["concurrency"]),
+                          turn_tokens=tuple(doc.get("turn_tokens", ()))))
 
 
 def refused(option: str, value: str, why: str) -> Refused:

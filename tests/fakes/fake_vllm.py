@@ -61,6 +61,21 @@ beside it (the command-line option wins).
                                                       "chunk_monotonic": [when each token-bearing
                                                       chunk was written], "chunk_tokens": [...]}
   --startup-seconds S     FAKE_VLLM_STARTUP_SECONDS  wait before listening (boot time); default 0
+  --prefix-cache-block B  FAKE_VLLM_PREFIX_CACHE_BLOCK model a prefix cache of B-token blocks
+                                                      (0, the default: none): a chat request's
+                                                      cached tokens are the longest prefix it
+                                                      shares with an earlier request's messages
+                                                      and answer, floored to B, at most its
+                                                      prompt tokens - 1 (token i = characters
+                                                      4i..4i+3 of the messages' JSON); /metrics
+                                                      then counts vllm:prefix_cache_queries
+                                                      (prompt tokens) and vllm:prefix_cache_hits
+                                                      (cached tokens), the request log gives
+                                                      both per request ("prompt_tokens",
+                                                      "cached_tokens"), and --prefill-tok-s
+                                                      delays the first token by the uncached ones
+  --enable-prompt-tokens-details (vLLM's flag)        usage carries prompt_tokens_details
+                                                      .cached_tokens
   --logprob-tilt T        FAKE_VLLM_LOGPROB_TILT     /v1/completions: the top-1 token's logprob is
                                                       T nats lower at every position (a candidate
                                                       whose distributions differ by a known KL);
@@ -84,7 +99,8 @@ streamed request, truncate faults still apply):
   --empty-tool-calls S    FAKE_VLLM_EMPTY_TOOL_CALLS without a tool call, tool_calls is absent
                                                       (vLLM 0.30.0, default), null or []
   --prefill-tok-s R       FAKE_VLLM_PREFILL_TOK_S    first token at ttft + prompt tokens / R
-                                                      (prompt tokens = JSON of the messages / 4)
+                                                      (prompt tokens = JSON of the messages / 4;
+                                                      outside answer mode the uncached ones only)
 
 Launcher options (for run.sh's memory guard and scripts/doctor):
   --max-model-len N       (vLLM's flag)              the max_model_len /v1/models reports;
@@ -221,6 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
                         default=float(env("FAKE_VLLM_STARTUP_SECONDS", "0")))
     parser.add_argument("--logprob-tilt", type=float,
                         default=float(env("FAKE_VLLM_LOGPROB_TILT", "0")))
+    parser.add_argument("--prefix-cache-block", type=int,
+                        default=int(env("FAKE_VLLM_PREFIX_CACHE_BLOCK", "0")))
+    parser.add_argument("--enable-prompt-tokens-details", action="store_true")
     add_answer_options(parser)
     add_launcher_options(parser)
     return parser
@@ -287,6 +306,9 @@ class Program:
     answers: AnswerProgram | None = None
     max_model_len: int = 327680
     logprob_tilt: float = 0.0
+    prefix_block: int = 0  # 0: no prefix cache modelled
+    prompt_tokens_details: bool = False
+    prefill_tok_s: float = 0.0  # 0: prefill takes no time
 
 
 def program_from_args(args: argparse.Namespace) -> Program:
@@ -309,6 +331,8 @@ def program_from_args(args: argparse.Namespace) -> Program:
     if any(a < 0 or a > num_spec for a in pattern):
         raise SystemExit(f"fake_vllm: --accept-pattern values must be within 0..{num_spec} "
                          f"(the draft length), got {args.accept_pattern!r}")
+    if args.prefix_cache_block < 0 or args.prefill_tok_s < 0:
+        raise SystemExit("fake_vllm: need --prefix-cache-block >= 0 and --prefill-tok-s >= 0")
     if args.step_seconds <= 0 or args.ttft_seconds < 0 or args.first_chunk_tokens < 1:
         raise SystemExit("fake_vllm: need --step-seconds > 0, --ttft-seconds >= 0 and "
                          "--first-chunk-tokens >= 1")
@@ -337,6 +361,9 @@ def program_from_args(args: argparse.Namespace) -> Program:
         answers=answer_program_from_args(args),
         max_model_len=args.max_model_len,
         logprob_tilt=args.logprob_tilt,
+        prefix_block=args.prefix_cache_block,
+        prompt_tokens_details=args.enable_prompt_tokens_details,
+        prefill_tok_s=args.prefill_tok_s,
     )
 
 
@@ -412,6 +439,26 @@ class FakeState:
         self.in_flight = 0
         self.conversations: set[str] = set()
         self.created = int(time.time())
+        self.cached_texts: list[str] = []  # each finished request's messages and answer, as JSON
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+
+    def prefix_lookup(self, messages: list) -> tuple[int, int]:
+        """(prompt tokens, cached tokens) of a request, counted in /metrics."""
+        text = _messages_json(messages)
+        prompt = max(1, len(text) // 4)
+        block = self.program.prefix_block
+        if block <= 0:
+            return prompt, 0
+        shared = max((_common_prefix(text, earlier) for earlier in self.cached_texts), default=0)
+        cached = min(shared // 4, prompt - 1) // block * block
+        self.prefix_queries += prompt
+        self.prefix_hits += cached
+        return prompt, cached
+
+    def remember(self, messages: list, answer: str) -> None:
+        if self.program.prefix_block > 0:
+            self.cached_texts.append(_messages_json(list(messages) + [{"role": "assistant", "content": answer}]))
 
     def count_step(self, accepted: int) -> None:
         if self.program.num_spec <= 0:
@@ -428,6 +475,8 @@ class FakeState:
         self.finished += 1
         if self.finished in self.program.restart_after:
             self.counters = Counters(per_position=[0] * self.program.num_spec)
+            self.prefix_queries = self.prefix_hits = 0
+            self.cached_texts = []
             self.start_time = max(time.time(), self.start_time + 1.0)
 
     def metrics_text(self) -> str:
@@ -452,6 +501,11 @@ class FakeState:
                       f"# TYPE {name} counter"]
             lines += [f'{name}{suffix}{{{labels},position="{pos}"}} {float(value)}'
                       for pos, value in enumerate(c.per_position)]
+        if p.prefix_block > 0:
+            for name, value in (("vllm:prefix_cache_queries", self.prefix_queries),
+                                ("vllm:prefix_cache_hits", self.prefix_hits)):
+                lines += [f"# HELP {name} Prefix cache tokens.", f"# TYPE {name} counter",
+                          f"{name}{suffix}{{{labels}}} {float(value)}"]
         return "\n".join(lines) + "\n"
 
 
@@ -672,6 +726,13 @@ class ChatHandler:
         if program.answers is not None:
             return await answer_request(state, body, t0, writer)
         max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+        prompt_tokens, cached = state.prefix_lookup(messages)
+        if program.request_log and program.prefix_block > 0:
+            with open(program.request_log, "a", encoding="utf-8") as log:  # noqa: ASYNC230
+                log.write(json.dumps({"prefix": number, "prompt_tokens": prompt_tokens,
+                                      "cached_tokens": cached}) + "\n")
+        # the first token waits for the prefill of what the cache did not hold
+        t0 += (prompt_tokens - cached) / program.prefill_tok_s if program.prefill_tok_s else 0.0
         state.in_flight += 1
         try:
             perturbed = self._perturbed(body, messages)
@@ -679,12 +740,13 @@ class ChatHandler:
             plan = plan_chunks(program, max_tokens)
             text = "".join(token_text(s.emitted) for s in steps)
             if body.get("stream"):
-                keep = await self._stream(body, steps, plan, t0, fault, writer, number)
+                keep = await self._stream(body, steps, plan, t0, fault, writer, number, cached)
             else:
-                keep = await self._whole(body, steps, plan, t0, writer)
+                keep = await self._whole(body, steps, plan, t0, writer, cached)
             if not body.get("cache_salt"):
                 state.conversations.add(conversation_key(
                     list(messages) + [{"role": "assistant", "content": text}]))
+            state.remember(messages, text)
             return keep
         finally:
             state.finish()
@@ -694,11 +756,14 @@ class ChatHandler:
         if delay > 0:
             await asyncio.sleep(delay)
 
-    def _usage(self, prompt_tokens: int, completion: int) -> dict:
-        return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion,
-                "completion_tokens": completion}
+    def _usage(self, prompt_tokens: int, completion: int, cached: int = 0) -> dict:
+        usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion,
+                 "completion_tokens": completion}
+        if self.state.program.prompt_tokens_details:
+            usage["prompt_tokens_details"] = {"cached_tokens": cached}
+        return usage
 
-    async def _whole(self, body, steps, plan, t0, writer) -> bool:
+    async def _whole(self, body, steps, plan, t0, writer, cached) -> bool:
         program = self.state.program
         await self._sleep_until(t0 + program.ttft_s + (len(plan.chunk_tokens) - 1) * program.step_s)
         for a in plan.chunk_accepted[1:]:
@@ -715,11 +780,11 @@ class ChatHandler:
         writer.write(_json_response(200, {
             "id": f"chatcmpl-fake{self.state.arrivals}", "object": "chat.completion",
             "created": int(time.time()), "model": program.served_name, "choices": [choice],
-            "usage": self._usage(prompt_tokens, len(steps)),
+            "usage": self._usage(prompt_tokens, len(steps), cached),
         }))
         return True
 
-    async def _stream(self, body, steps, plan, t0, fault, writer, number) -> bool:
+    async def _stream(self, body, steps, plan, t0, fault, writer, number, cached) -> bool:
         program, state = self.state.program, self.state
         options = body.get("stream_options") or {}
         include_usage = bool(options.get("include_usage")) and fault != "no_usage"
@@ -756,7 +821,7 @@ class ChatHandler:
             if index == 0:
                 role = '{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,' \
                        '"finish_reason":null}]'
-                events.append(head + role + (f',"usage":{json.dumps(self._usage(prompt_tokens, 0))}'
+                events.append(head + role + (f',"usage":{json.dumps(self._usage(prompt_tokens, 0, cached))}'
                                              if continuous else "") + "}")
             finish = '"length"' if sent >= len(steps) else "null"
             logprobs = (json.dumps({"content": _logprob_entries(chunk_steps, top_k, as_ids)})
@@ -765,7 +830,7 @@ class ChatHandler:
             event = (head + f'{{"index":0,"delta":{{"content":{content}}},"logprobs":{logprobs},'
                      f'"finish_reason":{finish}}}]')
             if continuous:
-                event += f',"usage":{json.dumps(self._usage(prompt_tokens, sent))}'
+                event += f',"usage":{json.dumps(self._usage(prompt_tokens, sent, cached))}'
             events.append(event + "}")
             writer.write(b"".join(_chunk(f"data: {e}\n\n") for e in events))
             written.append(asyncio.get_running_loop().time())
@@ -774,7 +839,7 @@ class ChatHandler:
         self._log_delivery(number, written, plan)
         tail = []
         if include_usage:
-            tail.append(head + f'],"usage":{json.dumps(self._usage(prompt_tokens, sent))}}}')
+            tail.append(head + f'],"usage":{json.dumps(self._usage(prompt_tokens, sent, cached))}}}')
         out = b"".join(_chunk(f"data: {e}\n\n") for e in tail)
         if fault != "no_done":
             out += _chunk("data: [DONE]\n\n")
@@ -794,8 +859,24 @@ class ChatHandler:
 
 
 def _prompt_tokens(body: dict) -> int:
-    text = json.dumps(canonical_messages(body.get("messages") or []))
-    return max(1, len(text) // 4)
+    return max(1, len(_messages_json(body.get("messages") or [])) // 4)
+
+
+def _messages_json(messages: list) -> str:
+    return json.dumps(canonical_messages(messages))
+
+
+def _common_prefix(a: str, b: str) -> int:
+    """Length of the longest common prefix of A and B."""
+    n = min(len(a), len(b))
+    low, high = 0, n  # binary search on equal slices: C speed on long prompts
+    while low < high:
+        middle = (low + high + 1) // 2
+        if a[:middle] == b[:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 # ----------------------------------------------------------------------------- obedient answers

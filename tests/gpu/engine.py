@@ -1,7 +1,7 @@
 """The engine on a CUDA build (run on the GPU machine): vLLM 0.30.0's own CUDA engine, its tree
-patched by layers v10, v11, v13 and v13_weights (0.30.0 provides v9's DFlash2 itself),
-started with the serve argv and environment `DRY_RUN=1 ./run.sh` writes for one node (taken
-when the payload was packed), with only the overrides in OVERRIDES, each with its reason.
+patched by layers v10, v11, v11_dflash_block_drop, v13 and v13_weights (0.30.0 provides v9's
+DFlash2 itself), started with the serve argv and environment `DRY_RUN=1 ./run.sh` writes for
+one node (taken when the payload was packed), with only the overrides in OVERRIDES, each with its reason.
 
 Servers, all booted at once on one GPU, CUDA graphs on with the launcher's capture sizes:
 - on the margin target (tests/gpu/models.py) with the engine tier's DFlash2 drafter (k = 3,

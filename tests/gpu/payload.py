@@ -9,9 +9,9 @@ most 64 MiB a call; so the payload is two parts, each sent with one call, the se
 the machine is still warm:
 
 - part `a`: vLLM 0.30.0's tree from its pinned wheel (Python files and data, no compiled
-  libraries) with layers v9 (provided by the release), v10, v11, v13 and v13_weights applied
-  here by this repository's own tool; the Glm5Next kernel libraries (FlashMLA, DeepSelect,
-  FlashKDA, DeepGEMM), which the part's probe tries to load; the wheels of
+  libraries) with layers v9 (provided by the release), v10, v11, v11_dflash_block_drop, v13 and
+  v13_weights applied here by this repository's own tool; the Glm5Next kernel libraries
+  (FlashMLA, DeepSelect, FlashKDA, DeepGEMM), which the part's probe tries to load; the wheels of
   tests/gpu/requirements.txt (hash-checked); the models (tests/gpu/models.py); the launcher's
   rank-0 argv and environment from `DRY_RUN=1 ./run.sh`.
 - part `b`: `_C_stable_libtorch.abi3.so` (Marlin, the model's custom ops) and FlashAttention
@@ -42,7 +42,8 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 VERSION = "0.30.0"
-LAYERS = ("v8_moe_scales", "v9", "v10", "v11", "v13", "v13_weights")
+LAYERS = ("v8_moe_scales", "v9", "v10", "v11", "v11_dflash_block_drop", "v13",
+          "v13_weights")
 LOCK = Path(__file__).with_name("requirements.txt")
 CALL_LIMIT = 64 << 20  # what one call of the device tool carries, the repository included
 PART_A_SO = ("vllm/_flashmla_C.abi3.so", "vllm/_flashmla_extension_C.abi3.so",

@@ -140,6 +140,9 @@ def flashinfer_src(version: str) -> Path:
     return Path(out.stdout.strip())
 
 
+IMAGE_PATCHERS = {"v11": ("v11_dflash_block_drop",)}  # docker/Dockerfile.sm121-v11
+
+
 def assert_image_tree_matches_host(chain, version, tmp_path, layers=LAYERS):
     """v11's trees in the image equal what patch-layer makes of the same sources on the host.
 
@@ -165,6 +168,13 @@ def assert_image_tree_matches_host(chain, version, tmp_path, layers=LAYERS):
         result = patch_on_host(host_root, layer, *extra)
         assert result["outcome"] == labels(tag(prefix, layer))["glm53.outcome"], result
         touched.update(result["files"])
+        # the patchers the layer's Dockerfile runs after it (image v11: v11_dflash_block_drop)
+        for patcher in IMAGE_PATCHERS.get(layer, ()):
+            result = patch_on_host(host_root, patcher, "--import-check", "off")
+            record = docker("run", "--rm", "--network", "none", "--entrypoint", "cat",
+                            tag(prefix, layer), f"/opt/glm53-recipe/build-record/{patcher}.json").stdout
+            assert result["outcome"] == json.loads(record)["outcome"], result
+            touched.update(result["files"])
     root_in_image = labels(tag(prefix, "v11"))["glm53.vllm.root"]
     in_image, on_host = {}, {}
     for package in packages:

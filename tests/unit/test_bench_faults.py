@@ -147,5 +147,5 @@ def test_an_unknown_phase_is_refused_naming_the_phases(phase, capsys):
     with pytest.raises(SystemExit) as exit_info:
         bench_decode.main(["--phase", phase])
     assert exit_info.value.code == 2
-    assert (f"--phase must be all or a comma list of prose, structured, code, got {phase!r}"
-            in capsys.readouterr().err)
+    assert (f"--phase must be all or a comma list of prose, structured, code, turns (all: the "
+            f"first 3), got {phase!r}" in capsys.readouterr().err)

@@ -21,8 +21,8 @@ from vllm.platforms.cpu import CpuPlatform
 vllm.platforms._current_platform = CpuPlatform()
 
 from vllm.v1.core import kv_cache_utils as utils
+from vllm.v1 import kv_cache_interface
 from vllm.v1.kv_cache_interface import (
-    KpoolTailSpec,
     MambaSpec,
     MLAAttentionSpec,
     SlidingWindowSpec,
@@ -38,10 +38,12 @@ MLA_LAYERS = [2, 6, 10, 14, 18, 22, 26, 30, 34, 38, 42]
 # token at the seed's --block-size 2304; 6,370,560 bytes per block is 5 x (1,198,080 + 76,032),
 # five MLA layers with their indexers (76,032 = 576 states of 132 bytes).
 REAL_BLOCK = 2304
+# 0.33.0 replaced it (CircularBufferSpec); tests/vllm/probes/glm5next_prefix_reuse.py imports this module there.
+KpoolTailSpec = getattr(kv_cache_interface, "KpoolTailSpec", None)
 REAL_MLA_LAYERS = [2, 6, 10, 14, 18]
 
 
-def target_specs(block=BLOCK, mla_layers=MLA_LAYERS, real_pages=False) -> dict:
+def target_specs(block=BLOCK, mla_layers=MLA_LAYERS, real_pages=False, with_tail=True) -> dict:
     specs = {}
     for i in mla_layers:
         if real_pages:
@@ -58,10 +60,11 @@ def target_specs(block=BLOCK, mla_layers=MLA_LAYERS, real_pages=False) -> dict:
             block_size=block, num_kv_heads=1, head_size=132, dtype=torch.uint8,
             tokens_per_state=4,
         )
-        specs[f"model.layers.{i}.self_attn.indexer.tail"] = KpoolTailSpec(
-            block_size=block, num_kv_heads=1, head_size=16, dtype=torch.uint8,
-            sliding_window=4,
-        )
+        if with_tail:
+            specs[f"model.layers.{i}.self_attn.indexer.tail"] = KpoolTailSpec(
+                block_size=block, num_kv_heads=1, head_size=16, dtype=torch.uint8,
+                sliding_window=4,
+            )
     last = max(mla_layers) + 1
     for i in (i for i in range(min(45, last + 4)) if i not in mla_layers):
         specs[f"model.layers.{i}.self_attn"] = MambaSpec(
