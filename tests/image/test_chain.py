@@ -140,7 +140,8 @@ def flashinfer_src(version: str) -> Path:
     return Path(out.stdout.strip())
 
 
-IMAGE_PATCHERS = {"v11": ("v11_dflash_block_drop",)}  # docker/Dockerfile.sm121-v11
+IMAGE_PATCHERS = {"v8": ("v8_moe_scales",),  # docker/Dockerfile.sm121-v8
+                  "v11": ("v11_dflash_block_drop",)}  # docker/Dockerfile.sm121-v11
 
 
 def assert_image_tree_matches_host(chain, version, tmp_path, layers=LAYERS):
@@ -392,10 +393,11 @@ def test_a_base_whose_tag_moved_is_refused_until_accepted(standin, session_prefi
         f"scripts/build.sh --accept-base --base {base}"
     ]
     assert "would build" not in moved.output
-    accepted = run_build(prefix, *args, "--accept-base")
-    assert accepted.returncode == 0, accepted.output
-    assert BaseLock.read(tmp_path / "recipe.lock").images[base].image_id == image_id(base)
-    assert recipe.read_text() == (REPO_ROOT / "recipe.toml").read_text()
+    # --check writes nothing, --accept-base or not (issue 35): the lock keeps the old ID
+    checked = run_build(prefix, *args, "--accept-base")
+    assert BaseLock.read(tmp_path / "recipe.lock").images[base].image_id == accepted_before
+    assert recipe.read_text() == (REPO_ROOT / "recipe.toml").read_text(), checked.output
+    BaseLock.read(tmp_path / "recipe.lock").record(base, image_id(base), "", "accepted")
     again = run_build(prefix, *args)
     assert again.returncode == 0, again.output
     assert f"v9: would build {tag(prefix, 'v9')} on {base}" in again.output
