@@ -546,9 +546,10 @@ async def _multibyte_answer(target: Target, prompt: str) -> tuple[Answer, str | 
     try:
         return await complete(target.session, target.url, probe_request(
             target.model, messages, MULTIBYTE_MAX_TOKENS, logprobs=True)), None
-    except ProbeError as refused:
-        if not str(refused).startswith("HTTP 400"):
+    except ProbeError as error:
+        if not str(error).startswith("HTTP 400"):
             raise
+        refused = str(error)
     answer = await complete(target.session, target.url, probe_request(
         target.model, messages, MULTIBYTE_MAX_TOKENS))
     return answer, f"logprobs refused ({refused}): token bytes unchecked"
@@ -596,8 +597,11 @@ async def probe_multibyte(target: Target) -> ProbeResult:
     tally = (f"{verdicts.count('clean')} clean, {len(faults)} faulty, "
              f"{verdicts.count('inconclusive')} inconclusive of {len(runs)} runs")
     if faults:
-        return ProbeResult("multibyte", "fail", f"{tally}; " + "; ".join(
-            multibyte_line(run) for run in faults[:3]), details=details)
+        by_run = ", ".join("-" if run.get("answer_faults") is None else
+                           str(run["answer_faults"]["replacement"]) for run in runs)
+        return ProbeResult("multibyte", "fail", f"{tally}; U+FFFD in the answer by run: "
+                                                f"{by_run}; first: run {faults[0]['run']} "
+                                                f"{multibyte_line(faults[0])}", details=details)
     if "inconclusive" in verdicts:
         unclear = [run for run in runs if run["verdict"] == "inconclusive"]
         return ProbeResult("multibyte", "inconclusive", f"{tally}; " + "; ".join(

@@ -242,7 +242,10 @@ def judge(language: Language, content: str, reasoning: str,
     elif chars < MIN_ANSWER_CHARS:
         found.verdict = "inconclusive"
         found.why = f"answer of {chars} chars, under {MIN_ANSWER_CHARS}"
-    elif script.share is None or script.share < MIN_SCRIPT_SHARE:
+    elif script.share is None:
+        found.verdict = "inconclusive"
+        found.why = "off-language: no letters at all (digits, punctuation or symbols only)"
+    elif script.share < MIN_SCRIPT_SHARE:
         found.verdict = "inconclusive"
         found.why = (f"off-language: {_percent(script.share)} of its letters in "
                      f"{language.script}, under {MIN_SCRIPT_SHARE:.0%}")
