@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher import plan, serve
-from launcher.compare.rundir import BOOTS, FINISHED, QUALITY_FILES, RECEIPTS, Options, RunDir
+from launcher.compare.rundir import (BOOTS, FINISHED, INTEGRITY_PROBES, PROBES_FILE,
+                                     QUALITY_FILES, RECEIPTS, Options, RunDir)
 from launcher.compare.sides import Side
 from launcher.settings import Failed, Refused, RefusedAbove
 
@@ -45,7 +46,8 @@ class BootEnded(Exception):
 
 
 def measurements(boot: str, url: str, options: Options, run_dir: RunDir) -> list[Measurement]:
-    """What BOOT is measured with, in order: the quality gate's step, the receipts, the bench."""
+    """What BOOT is measured with, in order: the quality gate's step, the receipts, the bench,
+    the integrity probes."""
     folder, python = run_dir.boot_dir(boot), sys.executable
     command = BOOTS[boot][1]
     quality = [python, str(BENCH / "quality.py"), command, "--url", url,
@@ -71,6 +73,9 @@ def measurements(boot: str, url: str, options: Options, run_dir: RunDir) -> list
         "--concurrency", ",".join(map(str, options.concurrency)), "--runs", str(options.runs),
         "--max-tokens", str(options.max_tokens), "--json", str(folder / "bench.json")),
         "bench.json", (0, 1)))
+    found.append(Measurement("probes", f"integrity probes: {', '.join(INTEGRITY_PROBES)}", (
+        python, str(BENCH / "probes.py"), "--url", url, "--only", ",".join(INTEGRITY_PROBES),
+        "--json", str(folder / PROBES_FILE)), PROBES_FILE, (0, 1)))
     return found
 
 

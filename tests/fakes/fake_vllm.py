@@ -67,7 +67,9 @@ beside it (the command-line option wins).
                                                       default 0
 
 Answer mode (the truth bench/probes.py is tested against; the http400, http500 and, on a
-streamed request, truncate faults still apply):
+streamed request, truncate faults still apply). A conversation holding Hangul or kana (the
+integrity probes': multibyte, tool_cycles) is answered so in every mode, --answer-faults
+applied, so that a fake model serving the bench in token mode meets them too:
 
   --answer-probes         FAKE_VLLM_ANSWER_PROBES=1  answer as an obedient model instead of
                                                       pseudo-random tokens: "count from A to B"
@@ -291,6 +293,8 @@ class Program:
     version: str
     request_log: str
     answers: AnswerProgram | None = None
+    # how a Korean or Japanese conversation is answered in every mode (the integrity probes)
+    integrity: AnswerProgram | None = None
     max_model_len: int = 327680
     logprob_tilt: float = 0.0
 
@@ -341,6 +345,7 @@ def program_from_args(args: argparse.Namespace) -> Program:
         version=args.version_string,
         request_log=args.request_log,
         answers=answer_program_from_args(args),
+        integrity=answer_program_from_args(args, always=True),
         max_model_len=args.max_model_len,
         logprob_tilt=args.logprob_tilt,
     )
@@ -676,7 +681,9 @@ class ChatHandler:
             writer.write(_error(500, "fake: injected server error", "InternalServerError"))
             return True
         if program.answers is not None:
-            return await answer_request(state, body, t0, writer)
+            return await answer_request(state, body, t0, writer, program.answers)
+        if integrity_conversation(messages):
+            return await answer_request(state, body, t0, writer, program.integrity)
         max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
         state.in_flight += 1
         try:
@@ -866,8 +873,11 @@ def add_answer_options(parser: argparse.ArgumentParser) -> None:
                         default=float(env("FAKE_VLLM_PREFILL_TOK_S", "0")))
 
 
-def answer_program_from_args(args: argparse.Namespace) -> AnswerProgram | None:
-    if not args.answer_probes:
+def answer_program_from_args(args: argparse.Namespace,
+                             always: bool = False) -> AnswerProgram | None:
+    """Answer mode's program, None without --answer-probes (unless always: what the
+    integrity conversations are answered with in token mode)."""
+    if not args.answer_probes and not always:
         return None
     faults = {part.strip() for part in args.answer_faults.split(",") if part.strip()}
     unknown = faults - set(ANSWER_FAULTS)
@@ -1128,11 +1138,19 @@ def _tool_call_deltas(index: int, call: dict) -> list[dict]:
         for i in range(0, len(arguments), 8)]
 
 
+def integrity_conversation(messages: list) -> bool:
+    """A conversation holding Hangul or kana: the integrity probes' (and no bench prompt's).
+    The fake answers it as answer mode does in every mode, so that scripts/compare's boots,
+    whose fake models serve the bench in token mode, meet the same truth."""
+    text = " ".join(_text_of(m) for m in messages if isinstance(m, dict))
+    return _has(text, 0xAC00, 0xD7A3) or _has(text, 0x3040, 0x30FF)
+
+
 async def answer_request(state: FakeState, body: dict, t0: float,
-                         writer: asyncio.StreamWriter) -> bool:
+                         writer: asyncio.StreamWriter, answers: AnswerProgram) -> bool:
     """Serve one chat request in answer mode, whole or streamed, on the programmed clock: the
     first token at t0 + ttft (+ prompt tokens / --prefill-tok-s), one word per step after."""
-    program, answers = state.program, state.program.answers
+    program = state.program
     if "not_json" in answers.faults:
         writer.write(_response(200, b"<html><body>502 Bad Gateway</body></html>", "text/html"))
         return True

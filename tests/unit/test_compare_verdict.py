@@ -59,10 +59,27 @@ def quality(kind: str, kl: float = 0.0, top1: float = 1.0, band: dict | None = N
     return doc
 
 
+INTEGRITY = ("multibyte", "tool_cycles")
+CORRUPT = ("0 clean, 11 faulty, 0 inconclusive of 11 runs; U+FFFD in the answer by run: 4, 9, "
+           "8, 0, 0, 0, 0, 0, 0, 0, 0; first: run 1 ko-field: fault: 4 U+FFFD, 0 lone surrogates, "
+           "0 control chars in the answer")
+
+
+def probes_doc(results_by_probe: dict[str, str]) -> dict:
+    """bench/probes.py's document with these probes' statuses (each summary says which)."""
+    summaries = {"pass": "11 clean", "fail": CORRUPT,
+                 "inconclusive": "10 clean, 0 faulty, 1 inconclusive of 11 runs"}
+    return {"schema": "probes/1", "passed": set(results_by_probe.values()) == {"pass"},
+            "probes": {name: {"passed": status == "pass", "status": status,
+                              "summary": summaries.get(status, status), "details": {}}
+                       for name, status in results_by_probe.items()}}
+
+
 def saved_run(tmp_path: Path, speeds=(30.0, 30.0, 33.0), gate_kl=0.0, gate_top1=1.0,
               receipts=None, differing=(), first=None, failed_candidate_streams=0,
-              statuses=None) -> RunDir:
-    """A report directory as three finished boots leave it."""
+              statuses=None, probes=None) -> RunDir:
+    """A report directory as three finished boots leave it. PROBES: (boot, probe) -> status
+    of the integrity probes (default pass; None: the boot left no probes.json)."""
     plan = {"reference": {"words": "", "values": {}}, "candidate": {"words": "", "values": {}},
             "options": {"concurrency": [1, 2], "runs": 1, "max_tokens": 24, "check_tokens": 24,
                         "needle_words": 300}, "differing": list(differing)}
@@ -79,6 +96,9 @@ def saved_run(tmp_path: Path, speeds=(30.0, 30.0, 33.0), gate_kl=0.0, gate_top1=
         for receipt in ("solo-vs-concurrent", "resumed-vs-fresh"):
             passed = (receipts or {}).get((boot, receipt), True)
             files[boot][f"{receipt}.json"] = {"receipt": receipt, "passed": passed}
+        statuses_of = {probe: (probes or {}).get((boot, probe), "pass") for probe in INTEGRITY}
+        if None not in statuses_of.values():
+            files[boot]["probes.json"] = probes_doc(statuses_of)
         for name, doc in files[boot].items():
             (folder / name).write_text(json.dumps(doc))
         status = (statuses or {}).get(boot, "finished")
@@ -167,6 +187,42 @@ def test_a_near_tie_is_not_a_lossless_failure(tmp_path):
     assert verdict.exit == 0
 
 
+def test_a_candidate_that_fails_an_integrity_probe_fails_naming_it(tmp_path):
+    verdict = verdict_of(saved_run(tmp_path, probes={("candidate", "multibyte"): "fail"}))
+    assert verdict.exit == 1
+    assert verdict.failures == [f"the multibyte probe (fail: {CORRUPT[:157]}...)"]
+    assert verdict.line.startswith("compare: candidate fails: the multibyte probe (fail: 0 clean, "
+                                   "11 faulty"), verdict.line
+
+
+def test_a_candidate_fails_the_integrity_probes_even_when_the_reference_does(tmp_path):
+    """The same checkpoint may corrupt on both sides: the candidate still fails, and each
+    reference boot that fails is reported."""
+    failing = {(boot, "multibyte"): "fail" for boot in BOOTS}
+    verdict = verdict_of(saved_run(tmp_path, probes=failing))
+    assert verdict.exit == 1 and len(verdict.failures) == 1
+    assert verdict.failures[0].startswith("the multibyte probe (fail: ")
+    assert [note.split(":")[0] for note in verdict.notes] == [
+        "reference-a's multibyte probe", "reference-b's multibyte probe"]
+
+
+def test_a_reference_that_fails_an_integrity_probe_is_reported_and_the_candidate_judged(tmp_path):
+    verdict = verdict_of(saved_run(tmp_path, probes={("reference-a", "tool_cycles"): "fail"}))
+    assert verdict.exit == 0 and verdict.failures == []
+    assert verdict.notes == [f"reference-a's tool_cycles probe: fail: {CORRUPT[:157]}..."]
+
+
+@pytest.mark.parametrize("status, what", [("inconclusive", "inconclusive: 10 clean, 0 faulty, "
+                                                           "1 inconclusive of 11 runs"),
+                                          ("error", "error: error"), (None, "no result")])
+def test_an_integrity_probe_the_candidate_did_not_pass_fails_it(tmp_path, status, what):
+    verdict = verdict_of(saved_run(tmp_path, probes={("candidate", "tool_cycles"): status}))
+    assert verdict.exit == 1
+    failed = [f"the tool_cycles probe ({what})"]
+    # without probes.json neither probe has a result
+    assert verdict.failures == (failed if status else [f"the multibyte probe ({what})", *failed])
+
+
 def test_a_boot_that_did_not_finish_means_could_not_run(tmp_path):
     verdict = verdict_of(saved_run(tmp_path, statuses={"candidate": "failed"}))
     assert verdict.exit == 2
@@ -189,6 +245,19 @@ def test_the_report_holds_every_table_and_the_picture(tmp_path):
     assert "| overall | 0.001 | 0.004 | 0.9900 | 1.0000 | FAIL |" in text
     assert "| solo-vs-concurrent | PASS | PASS | PASS |" in text
     assert "Lossless across boots: not judged: the candidate changes MODEL" in text
+    assert "| multibyte | PASS | PASS | PASS |" in text and "| tool_cycles | PASS | PASS | PASS |" in text
     assert (run_dir.path / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     saved = read_json(run_dir.path / "compare.json")
     assert saved["verdict"]["exit"] == 1 and saved["results"]["quality"]["passed"] is False
+
+
+def test_the_report_shows_each_boots_integrity_probes_and_what_failed(tmp_path):
+    run_dir = saved_run(tmp_path, probes={("candidate", "multibyte"): "fail",
+                                          ("reference-b", "tool_cycles"): "inconclusive"})
+    summary = results.summarize(run_dir.path, run_dir.plan)
+    report.write(run_dir, summary, results.decide(summary, run_dir.plan))
+    text = (run_dir.path / "report.md").read_text()
+    assert "| multibyte | PASS | PASS | FAIL |" in text
+    assert "| tool_cycles | PASS | INCONCLUSIVE | PASS |" in text
+    assert f"- candidate, multibyte: {CORRUPT}" in text
+    assert "- reference B, tool_cycles: 10 clean, 0 faulty, 1 inconclusive of 11 runs" in text
