@@ -165,3 +165,24 @@ def test_the_targets_greedy_choices_are_far_from_ties(server_multibyte_corrupt):
     margins = [e["top_logprobs"][0]["logprob"] - e["top_logprobs"][1]["logprob"]
                for e in entries]
     assert min(margins) > 1.0, min(margins)
+
+
+def test_the_self_check_tells_the_two_targets_apart(server_multibyte_clean,
+                                                    server_multibyte_corrupt):
+    """run.sh's self-check (launcher/selfcheck.py), as run.sh runs it once ready."""
+    def self_check(server) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(REPO_ROOT / "launcher" / "entry.py"),
+                               "self-check", server.url], capture_output=True, text=True,
+                              timeout=900, check=False)
+
+    clean = self_check(server_multibyte_clean)
+    assert clean.returncode == 0 and clean.stderr == "", clean.stdout + clean.stderr
+    assert clean.stdout == (
+        "glm53: self-check: clean: one Korean answer to the field's prompt (700 tokens): 0 "
+        "U+FFFD, 0 lone surrogates, 0 control chars in the answer; 0 invalid UTF-8 sequences "
+        "in 700 tokens' bytes; 700 chars, 100% of letters in the script, 68 emoji\n")
+    corrupt = self_check(server_multibyte_corrupt)
+    assert corrupt.returncode == 1, corrupt.stdout + corrupt.stderr
+    assert corrupt.stdout.startswith("glm53: self-check: FAULT: one Korean answer to the field's "
+                                     "prompt (700 tokens): 17 U+FFFD, 0 lone surrogates")
+    assert corrupt.stderr.startswith("glm53: WARNING: the served text is corrupted (17 U+FFFD")
