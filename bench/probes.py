@@ -681,6 +681,8 @@ class Turn:
     calls: list[dict]                  # assembled: id, name, arguments (string), parsed
     finish_reason: str | None
     problems: list[str]
+    leaks: int = 0                     # texts holding tool markup
+    repeats: int = 0                   # texts ending in a repeating tail
 
 
 async def _cycle_turn(target: Target, messages: list[dict], label: str) -> Turn:
@@ -704,16 +706,19 @@ async def _cycle_turn(target: Target, messages: list[dict], label: str) -> Turn:
                 problems.append(f"{label}: {function['name']} arguments are not a JSON object: "
                                 f"{excerpt(function['arguments'])!r}")
         calls.append(entry)
+    turn = Turn(reply.content, calls, reply.record.finish_reason, problems)
     for where, text in (("content", reply.content), ("reasoning", reply.reasoning),
                         *(("arguments", c["arguments"]) for c in calls)):
         if tags := integrity.leaked_markup(text):
+            turn.leaks += 1
             problems.append(f"{label}: tool markup {' '.join(tags)} in the {where}: "
                             f"{excerpt(text)!r}")
     for where, text in (("content", reply.content), ("reasoning", reply.reasoning)):
         if loop := integrity.repeating_tail(text):
+            turn.repeats += 1
             problems.append(f"{label}: the {where} ends repeating {loop.unit!r} {loop.copies} "
                             f"times ({loop.chars} chars)")
-    return Turn(reply.content, calls, reply.record.finish_reason, problems)
+    return turn
 
 
 def _assistant_message(turn: Turn) -> dict:
@@ -732,9 +737,16 @@ async def _run_cycle(target: Target, messages: list[dict], cycle: Cycle) -> dict
     """The call turn and the turns after its result; appends them to messages."""
     messages.append({"role": "user", "content": cycle.ask})
     record: dict = {"name": cycle.name, "tool": cycle.tool, "asked": cycle.arguments,
-                    "calls": [], "answer": None, "problems": []}
-    turn = await _cycle_turn(target, messages, f"{cycle.name} call")
-    record["problems"] += turn.problems
+                    "calls": [], "round_trip": False, "answer": None, "problems": [],
+                    "markup_leaks": 0, "repeating_tails": 0}
+
+    def judged(turn: Turn) -> Turn:
+        record["problems"] += turn.problems
+        record["markup_leaks"] += turn.leaks
+        record["repeating_tails"] += turn.repeats
+        return turn
+
+    turn = judged(await _cycle_turn(target, messages, f"{cycle.name} call"))
     record["calls"] += turn.calls
     asked = [call for call in turn.calls if call["name"] == cycle.tool]
     if not asked:
@@ -755,8 +767,7 @@ async def _run_cycle(target: Target, messages: list[dict], cycle: Cycle) -> dict
     messages.append(_assistant_message(turn))
     messages += _tool_messages(turn, cycle.result)
     for extra in range(CYCLE_MAX_EXTRA_CALLS + 1):
-        turn = await _cycle_turn(target, messages, f"{cycle.name} answer {extra + 1}")
-        record["problems"] += turn.problems
+        turn = judged(await _cycle_turn(target, messages, f"{cycle.name} answer {extra + 1}"))
         if not turn.calls:
             record["answer"] = excerpt(turn.content)
             if not turn.content.strip():
@@ -788,9 +799,9 @@ async def probe_tool_cycles(target: Target) -> ProbeResult:
     clean = sum(not record["problems"] for record in cycles)
     details = {"cycles": cycles, "asked_cycles": total, "clean_cycles": clean,
                "calls": len(calls), "calls_parsed": parsed,
-               "round_trips": sum(bool(record.get("round_trip")) for record in cycles),
-               "markup_leaks": sum("tool markup" in p for p in problems),
-               "repeating_tails": sum("ends repeating" in p for p in problems)}
+               "round_trips": sum(record["round_trip"] for record in cycles),
+               "markup_leaks": sum(record["markup_leaks"] for record in cycles),
+               "repeating_tails": sum(record["repeating_tails"] for record in cycles)}
     tally = (f"{clean} of {total} cycles clean; {parsed} of {len(calls)} calls' JSON parsed, "
              f"{details['round_trips']} round-tripped, {details['markup_leaks']} markup leak(s), "
              f"{details['repeating_tails']} repeating tail(s)")
