@@ -96,7 +96,10 @@ def make_cluster(tmp: Path, rank_command: str, **settings) -> Cluster:
                 "FAKE_DOCKER_RUN": rank_command, "HF_CACHE": tmp / "hf",
                 "JIT_CACHE": tmp / "jit", "RUNS_DIR": tmp / "runs", "POLL_SECONDS": 1,
                 "DRAFTER_REVISION": DRAFTER_PIN, "MEM_GUARD": 0, "MEM_PREFLIGHT": 0,
-                "PORT": free_port(), "PINS_FILE": tmp / "pins.env"}
+                "PORT": free_port(), "PINS_FILE": tmp / "pins.env",
+                # compare's integrity probes ask what run.sh's self-check asks, and more;
+                # tests/unit/test_launcher_selfcheck.py turns it on
+                "SELF_CHECK": 0}
     env = launcher_env(tmp, nodes=1, **{**defaults, **settings})
     env.setdefault("PYTHONDONTWRITEBYTECODE", "1")
     return Cluster(tmp, state, env)

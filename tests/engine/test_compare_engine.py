@@ -7,8 +7,8 @@ the readiness wait (the real curl), the bench, the receipts and the quality gate
 real ones. Settings, not overrides, make a boot cheap here: MODEL the tier's tiny target,
 MAX_MODEL_LEN 4096, KV_CACHE_MEMORY_BYTES 256 MiB, ENFORCE_EAGER=1 (no torch.compile:
 test_launcher_engine.py covers it), MAX_NUM_SEQS 8 (the integrity probes' eleven multibyte
-answers in two waves, not six), SELF_CHECK=0 (compare's probes ask what it asks, and more),
-no memory guard or preflight.
+answers in two waves, not six), no self-check (tests/compare_cluster.py: compare's probes
+ask what it asks, and more), no memory guard or preflight.
 
 Three runs, five boots (about a minute and a half each here):
 1. an identical candidate (three boots): passes the gate, lossless and both receipts, and
@@ -50,7 +50,7 @@ def cluster(engine, models, tmp_path_factory) -> Cluster:
     return make_cluster(
         tmp, f"{sys.executable} -m tests.engine.rank_engine", MODEL=models.target,
         MAX_MODEL_LEN=4096, KV_CACHE_MEMORY_BYTES=256 << 20, ENFORCE_EAGER=1,
-        MAX_NUM_SEQS=8, SELF_CHECK=0,
+        MAX_NUM_SEQS=8,
         READY_TIMEOUT=900, PYTHONPATH=REPO, ENGINE_RANK_VENV=engine.path,
         ENGINE_RANK_PATH=os.environ["PATH"], GLM53_ENGINE_CACHE=engine_cache_root())
 

@@ -140,7 +140,8 @@ def cluster(tmp_path):
     models = {"clean": fake_model(tmp_path / "models" / "clean", REQUEST_LOG=log),
               "corrupt": fake_model(tmp_path / "models" / "corrupt", REQUEST_LOG=log,
                                     ANSWER_FAULTS="mb_replacement")}
-    the_cluster = make_cluster(tmp_path, fake_rank_command(), MODEL=models["clean"])
+    the_cluster = make_cluster(tmp_path, fake_rank_command(), MODEL=models["clean"],
+                               SELF_CHECK=1)
     yield the_cluster, models, log
     run_sh(the_cluster, "stop.sh")
 
