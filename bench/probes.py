@@ -14,9 +14,17 @@ Every request is greedy (temperature 0) with thinking off (`chat_template_kwargs
                      tool_calls entry (name get_weather, JSON arguments naming Paris)
   thinking_off       no <think> tags in the content and nothing in the reasoning fields
   tool_conversation  the tool result sent back in a second turn is used in the answer
+  multibyte          eleven Korean, Japanese and emoji answers of 400+ characters (the
+                     field's Korean prompt three times, eight others once), sent together: no
+                     U+FFFD, lone surrogate or control character in the answer or the
+                     reasoning, no invalid UTF-8 in the token bytes; a short, empty,
+                     off-language or failed answer is inconclusive, never a pass
+  tool_cycles        streamed multi-turn tool calls with Korean, Japanese and emoji
+                     arguments: the call's JSON parses, its arguments round-trip, no tool
+                     markup in the text, no repeating tail
 
-Exit code: 0 when every probe passed; 1 when one failed (each failure names the probe and
-what came back); 2 when the probes could not run (bad option, server unreachable, model
+Exit code: 0 when every probe passed; 1 when one failed or was inconclusive (each line
+names the probe and what came back); 2 when the probes could not run (bad option, server unreachable, model
 ambiguous, --prompt-tokens beyond the server's max_model_len). docs/probes.md
 documents the JSON result (`--json`).
 """
@@ -42,6 +50,7 @@ import aiohttp
 
 from bench.bench_decode import BenchError, server_identity
 from bench.stream_client import chat_request, error_message, stream_text
+from recipekit import text_integrity as integrity
 
 SCHEMA = "probes/1"
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -93,7 +102,8 @@ class ProbeError(Exception):
 @dataclass
 class ProbeResult:
     name: str
-    status: str                   # pass, fail (judged and wrong) or error (nothing to judge)
+    status: str                   # pass, fail (judged and wrong), inconclusive (nothing wrong
+    #                               found, but not enough to judge) or error (nothing to judge)
     summary: str                  # one line: what was found, or what came back instead
     seconds: float = 0.0
     details: dict = field(default_factory=dict)
@@ -138,6 +148,16 @@ class Answer:
     tool_calls_shape: str         # "list", "null" or "absent", as received
     finish_reason: str | None
     usage: dict
+    token_bytes: list | None = None  # each output token's `bytes` (logprobs), None: not given
+
+
+def _token_bytes(logprobs: object) -> list | None:
+    """Each token's `bytes` from an OpenAI logprobs object; None when it carries none."""
+    entries = logprobs.get("content") if isinstance(logprobs, dict) else None
+    if not isinstance(entries, list) or not entries:
+        return None
+    found = [entry.get("bytes") if isinstance(entry, dict) else None for entry in entries]
+    return found if all(isinstance(b, list) for b in found) else None
 
 
 def parse_answer(answer: object) -> Answer:
@@ -162,6 +182,7 @@ def parse_answer(answer: object) -> Answer:
         tool_calls_shape=shape,
         finish_reason=choice.get("finish_reason"),
         usage=answer.get("usage") if isinstance(answer.get("usage"), dict) else {},
+        token_bytes=_token_bytes(choice.get("logprobs")),
     )
 
 
@@ -490,6 +511,306 @@ async def probe_thinking_off(target: Target) -> ProbeResult:
                                                f"{excerpt(answer.content, 80)!r}", details=details)
 
 
+# ----------------------------------------------------------------------------- multibyte
+
+# (name, language, prompt, runs). The field's prompt runs three times, as the field ran it;
+# the emoji prompts ask Korean prose with a four-byte emoji per sentence, so 3-byte and
+# 4-byte sequences meet in one answer.
+_EMOJI_ASK = "모든 문장 끝에 어울리는 이모지를 하나씩 넣어 주세요 (예: {}). 최소 400자 이상으로 작성하세요."
+MULTIBYTE_RUNS = (
+    ("ko-field", integrity.KOREAN, integrity.FIELD_PROMPT, 3),
+    ("ko-kimchi", integrity.KOREAN, "한국어로 김치를 담그는 과정을 재료 준비부터 숙성까지 자세히 "
+                                    "설명해 주세요. 최소 400자 이상으로 작성하세요.", 1),
+    ("ko-hangul", integrity.KOREAN, "한국어로 세종대왕이 한글을 만든 배경과 그 의의를 자세히 설명해 "
+                                    "주세요. 최소 400자 이상으로 작성하세요.", 1),
+    ("ja-perceptron", integrity.JAPANESE, "日本語で、パーセプトロンとニューラルネットワークの違いを"
+                                          "詳しく説明してください。400文字以上で書いてください。", 1),
+    ("ja-miso", integrity.JAPANESE, "日本語で、味噌汁の作り方を材料の準備から仕上げまで詳しく"
+                                    "説明してください。400文字以上で書いてください。", 1),
+    ("ja-kyoto", integrity.JAPANESE, "日本語で、桜の季節に京都を一日で巡る旅の計画を詳しく"
+                                     "書いてください。400文字以上で書いてください。", 1),
+    ("emoji-jeju", integrity.KOREAN_WITH_EMOJI,
+     "한국어로 제주도 여행 일기를 써 주세요. " + _EMOJI_ASK.format("🌊 🍊 🐴"), 1),
+    ("emoji-dog", integrity.KOREAN_WITH_EMOJI,
+     "한국어로 반려견과 보낸 주말 이야기를 써 주세요. " + _EMOJI_ASK.format("🐶 🦴 🌳"), 1),
+    ("emoji-party", integrity.KOREAN_WITH_EMOJI,
+     "한국어로 생일 파티를 준비하는 과정을 써 주세요. " + _EMOJI_ASK.format("🎂 🎈 🎁"), 1),
+)
+MULTIBYTE_MAX_TOKENS = integrity.FIELD_MAX_TOKENS   # the field's, for every run
+
+
+async def _multibyte_answer(target: Target, prompt: str) -> tuple[Answer, str | None]:
+    """One greedy answer with its token bytes; (answer, note). A server that refuses logprobs
+    (HTTP 400) is asked again without them, and the note says the bytes went unchecked."""
+    messages = [{"role": "user", "content": prompt}]
+    try:
+        return await complete(target.session, target.url, probe_request(
+            target.model, messages, MULTIBYTE_MAX_TOKENS, logprobs=True)), None
+    except ProbeError as error:
+        if not str(error).startswith("HTTP 400"):
+            raise
+        refused = str(error)
+    answer = await complete(target.session, target.url, probe_request(
+        target.model, messages, MULTIBYTE_MAX_TOKENS))
+    return answer, f"logprobs refused ({refused}): token bytes unchecked"
+
+
+async def _multibyte_run(target: Target, name: str, language: integrity.Language,
+                         prompt: str) -> dict:
+    try:
+        answer, note = await _multibyte_answer(target, prompt)
+    except ProbeError as failed:
+        return {"name": name, "language": language.name, "verdict": "inconclusive",
+                "why": f"no answer: {failed}", "note": None}
+    judged = integrity.judge(language, answer.content, answer.reasoning, answer.token_bytes,
+                             answer.finish_reason)
+    return {"name": name, **judged.to_json(), "finish_reason": answer.finish_reason,
+            "completion_tokens": answer.usage.get("completion_tokens"),
+            "counts": judged.counts(), "shape": judged.shape(), "note": note,
+            "content": excerpt(answer.content)}
+
+
+def multibyte_line(run: dict) -> str:
+    """One run as the result says it: name, verdict, counts, length and script share."""
+    if "counts" not in run:
+        return f"{run['name']}: {run['verdict']} ({run['why']})"
+    why = "" if run["verdict"] != "inconclusive" else f" ({run['why']})"
+    return f"{run['name']}: {run['verdict']}{why}: {run['counts']}; {run['shape']}"
+
+
+async def probe_multibyte(target: Target) -> ProbeResult:
+    # sent together: a server batches them (MAX_NUM_SEQS at a time), and greedy runs need
+    # no order; each is judged alone
+    runs = await asyncio.gather(*(_multibyte_run(target, name, language, prompt)
+                                  for name, language, prompt, count in MULTIBYTE_RUNS
+                                  for _ in range(count)))
+    for index, run in enumerate(runs):
+        run["run"] = index + 1
+    verdicts = [run["verdict"] for run in runs]
+    faults = [run for run in runs if run["verdict"] == "fault"]
+    details = {"runs": runs, "max_tokens": MULTIBYTE_MAX_TOKENS,
+               "min_chars": integrity.MIN_ANSWER_CHARS,
+               "min_script_share": integrity.MIN_SCRIPT_SHARE,
+               "replacement": [run.get("answer_faults", {}).get("replacement") for run in runs],
+               "clean": verdicts.count("clean"), "fault": len(faults),
+               "inconclusive": verdicts.count("inconclusive")}
+    tally = (f"{verdicts.count('clean')} clean, {len(faults)} faulty, "
+             f"{verdicts.count('inconclusive')} inconclusive of {len(runs)} runs")
+    if faults:
+        by_run = ", ".join("-" if run.get("answer_faults") is None else
+                           str(run["answer_faults"]["replacement"]) for run in runs)
+        return ProbeResult("multibyte", "fail", f"{tally}; U+FFFD in the answer by run: "
+                                                f"{by_run}; first: run {faults[0]['run']} "
+                                                f"{multibyte_line(faults[0])}", details=details)
+    if "inconclusive" in verdicts:
+        unclear = [run for run in runs if run["verdict"] == "inconclusive"]
+        return ProbeResult("multibyte", "inconclusive", f"{tally}; " + "; ".join(
+            multibyte_line(run) for run in unclear[:3]), details=details)
+    return ProbeResult("multibyte", "pass", f"{tally}: no U+FFFD, lone surrogate, control "
+                                            f"character or invalid token byte", details=details)
+
+
+# ----------------------------------------------------------------------------- tool cycles
+
+CYCLE_TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "Get the current weather for a city.",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "description": "the city, as the user names it"}},
+            "required": ["city"]}}},
+    {"type": "function", "function": {
+        "name": "save_note", "description": "Save a note with a title and a body.",
+        "parameters": {"type": "object", "properties": {
+            "title": {"type": "string"}, "body": {"type": "string"}},
+            "required": ["title", "body"]}}},
+]
+
+
+@dataclass(frozen=True)
+class Cycle:
+    """One user turn that must come back as a call of `tool` with exactly `arguments`, then
+    an answer once `result` is sent back."""
+
+    name: str
+    ask: str
+    tool: str
+    arguments: dict
+    result: dict
+
+
+def _pinned(text: str, tool: str, arguments: dict) -> str:
+    return text.format(tool=tool, arguments=json.dumps(arguments, ensure_ascii=False))
+
+
+# two conversations of two cycles each: a city, then a note with emoji, in Korean and Japanese
+CONVERSATIONS = (
+    ("ko", (
+        Cycle("ko-weather", _pinned("서울 날씨를 알려 주세요. {tool} 도구를 다음 인자 그대로 호출하세요: "
+                                    "{arguments}", "get_weather", {"city": "서울특별시"}),
+              "get_weather", {"city": "서울특별시"},
+              {"city": "서울특별시", "temperature_c": 21, "condition": "맑음 ☀️"}),
+        Cycle("ko-note", _pinned("고마워요. 이제 {tool} 도구를 다음 인자 그대로 호출해 메모를 "
+                                 "저장하세요: {arguments}", "save_note",
+                                 {"title": "서울 날씨 메모 🌤️", "body": "우산은 두고 가도 돼요 😊"}),
+              "save_note", {"title": "서울 날씨 메모 🌤️", "body": "우산은 두고 가도 돼요 😊"},
+              {"saved": True, "id": "메모-1"}),
+    )),
+    ("ja", (
+        Cycle("ja-weather", _pinned("京都の天気を教えてください。{tool} ツールを次の引数のまま呼んで"
+                                    "ください: {arguments}", "get_weather", {"city": "京都市"}),
+              "get_weather", {"city": "京都市"},
+              {"city": "京都市", "temperature_c": 17, "condition": "小雨 🌧️"}),
+        Cycle("ja-note", _pinned("ありがとう。次に {tool} ツールを次の引数のまま呼んでメモを保存して"
+                                 "ください: {arguments}", "save_note",
+                                 {"title": "京都の天気 🌸", "body": "傘を持っていくこと ☂️"}),
+              "save_note", {"title": "京都の天気 🌸", "body": "傘を持っていくこと ☂️"},
+              {"saved": True, "id": "メモ-2"}),
+    )),
+)
+CYCLE_MAX_TOKENS = 384
+# after a tool result the model may call again; a call beyond these is a loop
+CYCLE_MAX_EXTRA_CALLS = 2
+CYCLE_EXTRA_RESULT = {"ok": True}
+
+
+@dataclass
+class Turn:
+    """One streamed response of a cycle, judged."""
+
+    content: str
+    calls: list[dict]                  # assembled: id, name, arguments (string), parsed
+    finish_reason: str | None
+    problems: list[str]
+    leaks: int = 0                     # texts holding tool markup
+    repeats: int = 0                   # texts ending in a repeating tail
+
+
+async def _cycle_turn(target: Target, messages: list[dict], label: str) -> Turn:
+    body = chat_request(target.model, messages, CYCLE_MAX_TOKENS, ignore_eos=False)
+    body.update(tools=CYCLE_TOOLS, tool_choice="auto")
+    reply = await stream_text(target.session, target.url, body)
+    if not reply.delivered:
+        raise ProbeError(f"{label}: {reply.record.failure}: {reply.record.detail}")
+    problems, calls = [], []
+    for call in reply.tool_calls:
+        function = call["function"]
+        entry = {"id": call["id"], "name": function["name"], "arguments": function["arguments"],
+                 "parsed": None}
+        try:
+            entry["parsed"] = json.loads(function["arguments"] or "{}")
+        except ValueError:
+            problems.append(f"{label}: {function['name'] or '(no name)'} arguments are not "
+                            f"JSON: {excerpt(function['arguments'])!r}")
+        else:
+            if not isinstance(entry["parsed"], dict):
+                problems.append(f"{label}: {function['name']} arguments are not a JSON object: "
+                                f"{excerpt(function['arguments'])!r}")
+        calls.append(entry)
+    turn = Turn(reply.content, calls, reply.record.finish_reason, problems)
+    for where, text in (("content", reply.content), ("reasoning", reply.reasoning),
+                        *(("arguments", c["arguments"]) for c in calls)):
+        if tags := integrity.leaked_markup(text):
+            turn.leaks += 1
+            problems.append(f"{label}: tool markup {' '.join(tags)} in the {where}: "
+                            f"{excerpt(text)!r}")
+    for where, text in (("content", reply.content), ("reasoning", reply.reasoning)):
+        if loop := integrity.repeating_tail(text):
+            turn.repeats += 1
+            problems.append(f"{label}: the {where} ends repeating {loop.unit!r} {loop.copies} "
+                            f"times ({loop.chars} chars)")
+    return turn
+
+
+def _assistant_message(turn: Turn) -> dict:
+    return {"role": "assistant", "content": turn.content or None,
+            "tool_calls": [{"id": call["id"], "type": "function",
+                            "function": {"name": call["name"], "arguments": call["arguments"]}}
+                           for call in turn.calls]}
+
+
+def _tool_messages(turn: Turn, result: dict) -> list[dict]:
+    return [{"role": "tool", "tool_call_id": call["id"],
+             "content": json.dumps(result, ensure_ascii=False)} for call in turn.calls]
+
+
+async def _run_cycle(target: Target, messages: list[dict], cycle: Cycle) -> dict:
+    """The call turn and the turns after its result; appends them to messages."""
+    messages.append({"role": "user", "content": cycle.ask})
+    record: dict = {"name": cycle.name, "tool": cycle.tool, "asked": cycle.arguments,
+                    "calls": [], "round_trip": False, "answer": None, "problems": [],
+                    "markup_leaks": 0, "repeating_tails": 0}
+
+    def judged(turn: Turn) -> Turn:
+        record["problems"] += turn.problems
+        record["markup_leaks"] += turn.leaks
+        record["repeating_tails"] += turn.repeats
+        return turn
+
+    turn = judged(await _cycle_turn(target, messages, f"{cycle.name} call"))
+    record["calls"] += turn.calls
+    asked = [call for call in turn.calls if call["name"] == cycle.tool]
+    if not asked:
+        record["problems"].append(
+            f"{cycle.name}: no {cycle.tool} call (tool calls {[c['name'] for c in turn.calls]}, "
+            f"finish_reason {turn.finish_reason}); content: {excerpt(turn.content)!r}")
+        return record
+    got = asked[0]["parsed"]
+    if isinstance(got, dict):
+        wrong = {key: got.get(key) for key, value in cycle.arguments.items()
+                 if got.get(key) != value}
+        record["round_trip"] = not wrong
+        if wrong:
+            record["problems"].append(
+                f"{cycle.name}: {cycle.tool} arguments came back "
+                f"{json.dumps(got, ensure_ascii=False)}, asked "
+                f"{json.dumps(cycle.arguments, ensure_ascii=False)}")
+    messages.append(_assistant_message(turn))
+    messages += _tool_messages(turn, cycle.result)
+    for extra in range(CYCLE_MAX_EXTRA_CALLS + 1):
+        turn = judged(await _cycle_turn(target, messages, f"{cycle.name} answer {extra + 1}"))
+        if not turn.calls:
+            record["answer"] = excerpt(turn.content)
+            if not turn.content.strip():
+                record["problems"].append(f"{cycle.name}: empty answer after the tool result "
+                                          f"(finish_reason {turn.finish_reason})")
+            messages.append({"role": "assistant", "content": turn.content})
+            return record
+        record["calls"] += turn.calls
+        messages.append(_assistant_message(turn))
+        messages += _tool_messages(turn, CYCLE_EXTRA_RESULT)
+    record["problems"].append(f"{cycle.name}: still calling tools after "
+                              f"{CYCLE_MAX_EXTRA_CALLS} extra calls, no answer")
+    return record
+
+
+async def probe_tool_cycles(target: Target) -> ProbeResult:
+    cycles = []
+    for _, conversation in CONVERSATIONS:
+        messages: list[dict] = []
+        for cycle in conversation:
+            record = await _run_cycle(target, messages, cycle)
+            cycles.append(record)
+            if record["problems"]:
+                break   # the rest of this conversation would build on a broken turn
+    calls = [call for record in cycles for call in record["calls"]]
+    parsed = sum(isinstance(call["parsed"], dict) for call in calls)
+    problems = [problem for record in cycles for problem in record["problems"]]
+    total = sum(len(conversation) for _, conversation in CONVERSATIONS)
+    clean = sum(not record["problems"] for record in cycles)
+    details = {"cycles": cycles, "asked_cycles": total, "clean_cycles": clean,
+               "calls": len(calls), "calls_parsed": parsed,
+               "round_trips": sum(record["round_trip"] for record in cycles),
+               "markup_leaks": sum(record["markup_leaks"] for record in cycles),
+               "repeating_tails": sum(record["repeating_tails"] for record in cycles)}
+    tally = (f"{clean} of {total} cycles clean; {parsed} of {len(calls)} calls' JSON parsed, "
+             f"{details['round_trips']} round-tripped, {details['markup_leaks']} markup leak(s), "
+             f"{details['repeating_tails']} repeating tail(s)")
+    if problems:
+        return ProbeResult("tool_cycles", "fail", f"{tally}: " + "; ".join(problems[:3]),
+                           details=details)
+    return ProbeResult("tool_cycles", "pass", tally, details=details)
+
+
 # ----------------------------------------------------------------------------- running
 
 PROBES: dict[str, Callable[[Target], Awaitable[ProbeResult]]] = {
@@ -498,6 +819,8 @@ PROBES: dict[str, Callable[[Target], Awaitable[ProbeResult]]] = {
     "tool_call": probe_tool_call,
     "thinking_off": probe_thinking_off,
     "tool_conversation": probe_tool_conversation,
+    "multibyte": probe_multibyte,
+    "tool_cycles": probe_tool_cycles,
 }
 PROBE_NAMES = tuple(PROBES)
 
@@ -576,7 +899,8 @@ def run_probes(base_url: str, **kwargs) -> dict:
 
 
 def result_line(name: str, result: dict) -> str:
-    return f"{'PASS' if result['passed'] else 'FAIL'} {name}: {result['summary']}"
+    word = {"pass": "PASS", "inconclusive": "INCONCLUSIVE"}.get(result["status"], "FAIL")
+    return f"{word} {name}: {result['summary']}"
 
 
 # ----------------------------------------------------------------------------- command line

@@ -101,6 +101,7 @@ class _StreamParse:
         self.keep_text = keep_text
         self.content: list[str] = []
         self.reasoning: list[str] = []
+        self.tool_call_deltas: list[dict] = []
         self.last_usage: dict | None = None
 
     def line(self, line: str, now: float) -> None:
@@ -152,6 +153,9 @@ class _StreamParse:
         self.content.append(delta.get("content") or "")
         # vLLM 0.27.1-0.33.0 name the field reasoning; the DeepSeek API reasoning_content
         self.reasoning.append(delta.get("reasoning") or delta.get("reasoning_content") or "")
+        calls = delta.get("tool_calls")
+        if isinstance(calls, list):
+            self.tool_call_deltas += [call for call in calls if isinstance(call, dict)]
         if isinstance(usage, dict):
             self.last_usage = usage
 
@@ -255,6 +259,26 @@ class StreamedText:
     reasoning: str
     usage: dict | None            # the final usage chunk, else the last usage seen
     ttft_s: float | None          # request sent to the first token-bearing chunk
+    tool_calls: list[dict] = field(default_factory=list)  # assembled from the deltas
+
+
+def assemble_tool_calls(deltas: list[dict]) -> list[dict]:
+    """The tool calls a stream's deltas spell, in index order: the first id and type seen for
+    an index, its name and arguments pieces joined (vLLM sends the name once, then the
+    arguments in pieces). The arguments stay a string: whether it is JSON is the caller's
+    question."""
+    calls: dict[int, dict] = {}
+    for delta in deltas:
+        index = delta.get("index") if isinstance(delta.get("index"), int) else len(calls)
+        call = calls.setdefault(index, {"id": None, "type": None,
+                                        "function": {"name": "", "arguments": ""}})
+        call["id"] = call["id"] or delta.get("id")
+        call["type"] = call["type"] or delta.get("type")
+        function = delta.get("function") if isinstance(delta.get("function"), dict) else {}
+        for part in ("name", "arguments"):
+            if isinstance(function.get(part), str):
+                call["function"][part] += function[part]
+    return [calls[index] for index in sorted(calls)]
 
 
 async def stream_text(session: aiohttp.ClientSession, url: str, body: dict) -> StreamedText:
@@ -271,4 +295,5 @@ async def stream_text(session: aiohttp.ClientSession, url: str, body: dict) -> S
     ttft = None if parse.first_chunk_abs is None else parse.first_chunk_abs - t_sent
     return StreamedText(record=record, delivered=delivered, content="".join(parse.content),
                         reasoning="".join(parse.reasoning),
-                        usage=parse.final_usage or parse.last_usage, ttft_s=ttft)
+                        usage=parse.final_usage or parse.last_usage, ttft_s=ttft,
+                        tool_calls=assemble_tool_calls(parse.tool_call_deltas))

@@ -49,7 +49,11 @@ def main(argv: list[str]) -> int:
             from launcher.compare import command as compare
 
             return compare.main(argv[1:])
-        print("usage: launcher/entry.py run|stop|doctor|compare", file=sys.stderr)
+        if command == "self-check":
+            from launcher import selfcheck
+
+            return selfcheck.main(argv[1:])
+        print("usage: launcher/entry.py run|stop|doctor|compare|self-check", file=sys.stderr)
         return 64
     except Refused as refused:
         print(refused.line, file=sys.stderr)

@@ -443,6 +443,12 @@ def api_probe_argv(port: str, check: str = "models") -> list[str]:
             f"http://127.0.0.1:{port}{READY_PATHS[check]}"]
 
 
+def self_check_argv(root: Path, port: str) -> list[str]:
+    """The start-up self-check on the head, after ready (launcher/selfcheck.py)."""
+    return ["python3", str(root / "launcher" / "entry.py"), "self-check",
+            f"http://127.0.0.1:{port}"]
+
+
 def api_health_argv(port: str) -> list[str]:
     """GET /health printing only the HTTP status (000: no answer); what the doctor reads."""
     return ["curl", "--silent", "--output", "/dev/null", "--write-out", "%{http_code}",

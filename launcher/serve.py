@@ -133,7 +133,18 @@ class Serving:
             if self.ranks_started and not self.ready:
                 warn("start-up did not finish; stopping every rank")
                 stop_all_ranks(self.nodes)
+        if self["SELF_CHECK"] == "1":
+            self.self_check()
         return 0
+
+    def self_check(self) -> None:
+        """One Korean answer judged (launcher/selfcheck.py prints its line and any warning);
+        whatever it finds, the ranks keep running. Ctrl-C ends the check, not the server."""
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            self.nodes.run(0, plan.self_check_argv(self.root, self["PORT"]))
+        except KeyboardInterrupt:
+            warn("self-check interrupted; the ranks keep running (./stop.sh stops them)")
 
     # ------------------------------------------------------------------ before the ranks
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from launcher import memguard, plan, preflight
 from recipekit import baselock
+from recipekit.text_integrity import FIELD_MAX_TOKENS
 from launcher.plan import UNPINNED, Launch, Plan
 from launcher.remote import Nodes
 from launcher.words import quote
@@ -192,7 +193,17 @@ def ranks(the_plan: Plan) -> list[Step]:
     wait.on(0, plan.api_probe_argv(launch["PORT"], launch["READY_CHECK"]))
     for index in _each_node(launch):
         wait.on(index, plan.container_status_argv(index))
-    return [*leftovers, start, *memory_guard(launch), wait]
+    return [*leftovers, start, *memory_guard(launch), wait, *self_check(the_plan)]
+
+
+def self_check(the_plan: Plan) -> list[Step]:
+    if the_plan.launch["SELF_CHECK"] != "1":
+        return []
+    return [Step(f"once ready, on the head: one Korean answer to the field's prompt "
+                 f"({FIELD_MAX_TOKENS} tokens, greedy), its U+FFFD, lone surrogate, control "
+                 "character and invalid token-byte counts in one line; a fault warns, naming "
+                 "the likely cause, and the ranks keep running (SELF_CHECK=0: no check)")
+            .on(0, plan.self_check_argv(the_plan.root, the_plan.launch["PORT"]))]
 
 
 def run_steps(the_plan: Plan) -> list[Step]:

@@ -98,7 +98,10 @@ def make_cluster(tmp: Path, rank_command: str, **settings) -> Cluster:
                 "DRAFTER_REVISION": DRAFTER_PIN, "MEM_GUARD": 0, "MEM_PREFLIGHT": 0,
                 "PORT": free_port(), "PINS_FILE": tmp / "pins.env",
                 # the fake models are directories of fake-vllm.env, not checkpoints to scan
-                "CHECKPOINT_SCAN": "off"}
+                "CHECKPOINT_SCAN": "off",
+                # compare's integrity probes ask what run.sh's self-check asks, and more;
+                # tests/unit/test_launcher_selfcheck.py turns it on
+                "SELF_CHECK": 0}
     env = launcher_env(tmp, nodes=1, **{**defaults, **settings})
     env.setdefault("PYTHONDONTWRITEBYTECODE", "1")
     return Cluster(tmp, state, env)

@@ -28,6 +28,8 @@ from launcher.compare.crash_guard import CRASHED
 from launcher.compare.rundir import (
     BOOTS,
     FINISHED,
+    INTEGRITY_PROBES,
+    PROBES_FILE,
     QUALITY_FILES,
     RECEIPTS,
     Options,
@@ -87,6 +89,16 @@ def quality_result(kind: str) -> Callable[[dict, int], str]:
     return check
 
 
+def probes_result(doc, code: int) -> str:
+    """bench/probes.py --json: every integrity probe's result, the verdict agreeing with its
+    exit."""
+    if why := json_object(doc, code) or _verdict_agrees(doc, code):
+        return why
+    ran = doc.get("probes") if isinstance(doc.get("probes"), dict) else {}
+    absent = [p for p in INTEGRITY_PROBES if p not in ran]
+    return f"no result for {', '.join(absent)}" if absent else ""
+
+
 QUALITY_KINDS = {"record": "quality-record", "aa": "quality-aa", "gate": "quality-gate"}
 
 
@@ -125,7 +137,8 @@ class BootEnded(Exception):
 
 
 def measurements(boot: str, url: str, options: Options, run_dir: RunDir) -> list[Measurement]:
-    """What BOOT is measured with, in order: the quality gate's step, the receipts, the bench."""
+    """What BOOT is measured with, in order: the quality gate's step, the receipts, the bench,
+    the integrity probes."""
     folder, python = run_dir.boot_dir(boot), sys.executable
     command = BOOTS[boot][1]
     quality = [python, str(BENCH / "quality.py"), command, "--url", url,
@@ -154,6 +167,9 @@ def measurements(boot: str, url: str, options: Options, run_dir: RunDir) -> list
         "--concurrency", ",".join(map(str, options.concurrency)), "--runs", str(options.runs),
         "--max-tokens", str(options.max_tokens), "--json", str(folder / "bench.json")),
         "bench.json", (0, 1), bench_result))
+    found.append(Measurement("probes", f"integrity probes: {', '.join(INTEGRITY_PROBES)}", (
+        python, str(BENCH / "probes.py"), "--url", url, "--only", ",".join(INTEGRITY_PROBES),
+        "--json", str(folder / PROBES_FILE)), PROBES_FILE, (0, 1), probes_result))
     return found
 
 

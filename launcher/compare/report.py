@@ -102,6 +102,16 @@ def receipts_table(summary: dict) -> list[str]:
     return lines
 
 
+def integrity_table(summary: dict) -> list[str]:
+    lines = ["| probe | reference A | reference B | candidate |", "|---|---|---|---|"]
+    for probe, by_boot in summary.get("integrity", {}).items():
+        cells = [(by_boot[b]["status"] or "no result").upper() for b in BOOTS]
+        lines.append(f"| {probe} | {' | '.join(cells)} |")
+    failing = [(probe, b, r["summary"]) for probe, by_boot in summary.get("integrity", {}).items()
+               for b, r in by_boot.items() if r["status"] not in ("pass", None)]
+    return lines + [""] + [f"- {NAMES[b]}, {probe}: {text}" for probe, b, text in failing]
+
+
 def markdown(plan: dict, summary: dict, verdict: Verdict, picture: bool) -> str:
     differing = plan.get("differing", [])
     reference, candidate = plan["reference"], plan["candidate"]
@@ -118,7 +128,9 @@ def markdown(plan: dict, summary: dict, verdict: Verdict, picture: bool) -> str:
               "", "## Quality against the A/A band (bench/quality.py)", "",
               *quality_table(summary), "", "## First divergence of the greedy path from "
               "reference A", "", *divergence_table(summary), "", "## Receipts "
-              "(bench/receipts.py)", "", *receipts_table(summary), ""]
+              "(bench/receipts.py)", "", *receipts_table(summary), "",
+              "## Integrity probes (bench/probes.py --only multibyte,tool_cycles)", "",
+              *integrity_table(summary), ""]
     if picture:
         lines += [f"![speed and quality]({PICTURE})", ""]
     return "\n".join(lines)

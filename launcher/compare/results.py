@@ -17,6 +17,8 @@ from launcher.compare import boot as boots
 from launcher.compare.rundir import (
     BOOTS,
     FINISHED,
+    INTEGRITY_PROBES,
+    PROBES_FILE,
     QUALITY_FILES,
     RECEIPTS,
     Options,
@@ -54,7 +56,21 @@ def boot_files(folder: Path, boot: str) -> dict:
     """What BOOT's folder holds: bench, quality and receipts documents (None: absent)."""
     return {"bench": read_json(folder / "bench.json"),
             "quality": read_json(folder / QUALITY_FILES[BOOTS[boot][1]]),
-            "receipts": {r: read_json(folder / f"{r}.json") for r in RECEIPTS}}
+            "receipts": {r: read_json(folder / f"{r}.json") for r in RECEIPTS},
+            "probes": read_json(folder / PROBES_FILE)}
+
+
+def integrity(files: dict[str, dict]) -> dict:
+    """probe -> boot -> {status, summary} from each boot's probes.json; a boot without the
+    file (or without the probe in it) has status None."""
+    found = {}
+    for probe in INTEGRITY_PROBES:
+        found[probe] = {}
+        for boot in BOOTS:
+            result = ((files[boot]["probes"] or {}).get("probes") or {}).get(probe) or {}
+            found[probe][boot] = {"status": result.get("status"),
+                                  "summary": result.get("summary")}
+    return found
 
 
 def _median(cell: dict | None, key: str) -> float | None:
@@ -179,6 +195,7 @@ def summarize(run_dir_path: Path, plan: dict) -> dict:
             {b: r for b, r in plan.get("boots", {}).items() if r.get("status") == FINISHED},
             plan.get("differing", [])),
         "too_noisy": too_noisy((gate or {}).get("checks")),
+        "integrity": integrity(files),
     }
 
 
@@ -222,6 +239,11 @@ def gate_failures(summary: dict) -> list[str]:
     return [f"the quality gate ({'; '.join(shown)})"] if shown else []
 
 
+def _clip(text: str | None, limit: int = 160) -> str:
+    text = text or ""
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def decide(summary: dict, plan: dict) -> Verdict:
     records = plan.get("boots", {})
     for boot in BOOTS:
@@ -251,6 +273,16 @@ def decide(summary: dict, plan: dict) -> Verdict:
                 notes.append(f"{receipt} fails on the candidate and on a reference boot too")
             else:
                 failures.append(f"the {receipt} receipt")
+    # the integrity probes: a candidate that serves corrupted text fails, whatever the
+    # reference does (the same checkpoint may corrupt on both sides); a reference is reported
+    for probe, by_boot in summary.get("integrity", {}).items():
+        for boot, result in by_boot.items():
+            if result["status"] == "pass":
+                continue
+            what = (f"{result['status']}: {_clip(result['summary'])}" if result["status"]
+                    else "no result")
+            (failures.append(f"the {probe} probe ({what})") if boot == "candidate"
+             else notes.append(f"{boot}'s {probe} probe: {what}"))
     for row in summary["speed"]:
         for boot, count in row["failed_streams"].items():
             if count:

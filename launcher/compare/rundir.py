@@ -37,6 +37,9 @@ REFERENCE_BOOTS = ("reference-a", "reference-b")
 # in a boot's folder: the file each quality.py command writes, and each receipt's
 QUALITY_FILES = {"record": "record.json", "aa": "band.json", "gate": "gate.json"}
 RECEIPTS = ("solo-vs-concurrent", "resumed-vs-fresh")
+# bench/probes.py's integrity probes, run on every boot into PROBES_FILE (docs/probes.md)
+INTEGRITY_PROBES = ("multibyte", "tool_cycles")
+PROBES_FILE = "probes.json"
 FINISHED = "finished"
 ROOT = Path(__file__).resolve().parents[2]
 # what a boot served (its record's `served`) -> the knobs that may make it differ between the

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine import tiny_models
+from tests.engine import multibyte_models, tiny_models
 from tests.engine.engine_env import EngineVenv, engine_venv
 from tests.engine.engine_server import EngineServer
 
@@ -48,6 +48,8 @@ class TinyModels:
     random_drafter: Path
     blind_drafter: Path
     blind_to: frozenset[int]
+    multibyte_clean: Path         # answers the multibyte probe in Hangul, kana and emoji
+    multibyte_corrupt: Path       # the same with a lone UTF-8 lead byte in every Korean cycle
 
     def oracle_drafter(self) -> Path:
         return tiny_models.oracle_drafter_dir()  # the target itself
@@ -68,7 +70,9 @@ def models() -> TinyModels:
                       other=tiny_models.other_target_dir(),
                       random_drafter=tiny_models.random_drafter_dir(),
                       blind_drafter=tiny_models.blind_drafter_dir(blind),
-                      blind_to=frozenset(blind))
+                      blind_to=frozenset(blind),
+                      multibyte_clean=multibyte_models.clean_target_dir(),
+                      multibyte_corrupt=multibyte_models.corrupt_target_dir())
 
 
 @pytest.fixture(scope="session")
@@ -90,6 +94,9 @@ def server_specs(models: TinyModels) -> dict[str, tuple[Path, list[str], str]]:
         "oracle": (models.target, draft_model_args(models.oracle_drafter()), "tiny-target"),
         "blind": (models.target, draft_model_args(models.blind_drafter), "tiny-target"),
         "other": (models.other, [], "tiny-other"),
+        # the multibyte probe's truth: a clean and a corrupting target (multibyte_models.py)
+        "multibyte_clean": (models.multibyte_clean, [], "tiny-multibyte-clean"),
+        "multibyte_corrupt": (models.multibyte_corrupt, [], "tiny-multibyte-corrupt"),
     }
 
 
@@ -217,3 +224,13 @@ def server_blind(fleet) -> EngineServer:
 @pytest.fixture(scope="session")
 def server_other(fleet) -> EngineServer:
     return fleet.get("other")
+
+
+@pytest.fixture(scope="session")
+def server_multibyte_clean(fleet) -> EngineServer:
+    return fleet.get("multibyte_clean")
+
+
+@pytest.fixture(scope="session")
+def server_multibyte_corrupt(fleet) -> EngineServer:
+    return fleet.get("multibyte_corrupt")

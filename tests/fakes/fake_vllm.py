@@ -82,7 +82,9 @@ beside it (the command-line option wins).
                                                       default 0
 
 Answer mode (the truth bench/probes.py is tested against; the http400, http500 and, on a
-streamed request, truncate faults still apply):
+streamed request, truncate faults still apply). A conversation holding Hangul or kana (the
+integrity probes': multibyte, tool_cycles) is answered so in every mode, --answer-faults
+applied, so that a fake model serving the bench in token mode meets them too:
 
   --answer-probes         FAKE_VLLM_ANSWER_PROBES=1  answer as an obedient model instead of
                                                       pseudo-random tokens: "count from A to B"
@@ -90,7 +92,13 @@ streamed request, truncate faults still apply):
                                                       recalled when the last line asks for the
                                                       passcode, an offered get_weather tool is
                                                       called for a weather question, a tool
-                                                      result is used in the next turn
+                                                      result is used in the next turn; an
+                                                      offered tool named with a JSON object
+                                                      in the question is called with it; a
+                                                      Korean or Japanese question gets 450+
+                                                      characters in its language (Korean with
+                                                      emoji when it asks for 이모지), with
+                                                      each token's bytes under logprobs
   --answer-faults LIST    FAKE_VLLM_ANSWER_FAULTS    kinds to plant, from ANSWER_FAULTS below
   --count-skip LIST       FAKE_VLLM_COUNT_SKIP       numbers left out when counting
   --count-stop N          FAKE_VLLM_COUNT_STOP       the last number written when counting
@@ -304,6 +312,8 @@ class Program:
     version: str
     request_log: str
     answers: AnswerProgram | None = None
+    # how a Korean or Japanese conversation is answered in every mode (the integrity probes)
+    integrity: AnswerProgram | None = None
     max_model_len: int = 327680
     logprob_tilt: float = 0.0
     prefix_block: int = 0  # 0: no prefix cache modelled
@@ -359,6 +369,7 @@ def program_from_args(args: argparse.Namespace) -> Program:
         version=args.version_string,
         request_log=args.request_log,
         answers=answer_program_from_args(args),
+        integrity=answer_program_from_args(args, always=True),
         max_model_len=args.max_model_len,
         logprob_tilt=args.logprob_tilt,
         prefix_block=args.prefix_cache_block,
@@ -724,7 +735,9 @@ class ChatHandler:
             writer.write(_error(500, "fake: injected server error", "InternalServerError"))
             return True
         if program.answers is not None:
-            return await answer_request(state, body, t0, writer)
+            return await answer_request(state, body, t0, writer, program.answers)
+        if integrity_conversation(messages):
+            return await answer_request(state, body, t0, writer, program.integrity)
         max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
         prompt_tokens, cached = state.prefix_lookup(messages)
         if program.request_log and program.prefix_block > 0:
@@ -894,6 +907,21 @@ ANSWER_FAULTS = (
     "tool_result_ignored", # the turn after a tool result does not use it
     "tool_again",          # the turn after a tool result calls the tool again
     "not_json",            # HTTP 200 with an HTML body (a proxy's error page)
+    # the integrity probes' faults (multibyte: every Korean or Japanese answer; tool: every
+    # call a question pins with a JSON object, and every turn after a tool result)
+    "mb_replacement",      # four U+FFFD in the answer, as a corrupted byte token leaves them
+    "mb_surrogate",        # a lone surrogate in the answer (JSON "\ud83d")
+    "mb_control",          # an escape character (U+001B) in the answer
+    "mb_reasoning",        # a U+FFFD in the reasoning field; the answer clean
+    "mb_token_bytes",      # the text clean, but the token bytes hold a lone lead byte 0xEA
+    #                        followed by a token that does not continue it
+    "mb_short",            # a 120-character answer
+    "mb_off_language",     # the Japanese questions answered in English
+    "mb_empty",            # an empty answer
+    "tool_markup_leak",    # the pinned call written as glm47 markup in the content
+    "tool_broken_json",    # the pinned call's streamed arguments stop mid-JSON
+    "tool_changed_arguments",  # the pinned call's string values lose a character to U+FFFD
+    "tool_repeating_tail", # the answer after a tool result ends in one phrase said 12 times
 )
 REASONING_FIELDS = ("reasoning", "reasoning_content")
 EMPTY_TOOL_CALLS = ("absent", "null", "list")
@@ -926,8 +954,11 @@ def add_answer_options(parser: argparse.ArgumentParser) -> None:
                         default=float(env("FAKE_VLLM_PREFILL_TOK_S", "0")))
 
 
-def answer_program_from_args(args: argparse.Namespace) -> AnswerProgram | None:
-    if not args.answer_probes:
+def answer_program_from_args(args: argparse.Namespace,
+                             always: bool = False) -> AnswerProgram | None:
+    """Answer mode's program, None without --answer-probes (unless always: what the
+    integrity conversations are answered with in token mode)."""
+    if not args.answer_probes and not always:
         return None
     faults = {part.strip() for part in args.answer_faults.split(",") if part.strip()}
     unknown = faults - set(ANSWER_FAULTS)
@@ -948,6 +979,7 @@ class Reply:
     reasoning: str | None = None
     tool_calls: list[dict] = field(default_factory=list)
     finish_reason: str = "stop"
+    token_bytes: list[bytes] | None = None   # each output token's bytes, for logprobs
 
 
 def _text_of(message: dict) -> str:
@@ -982,6 +1014,112 @@ def _weather_call(answers: AnswerProgram, question: str) -> Reply:
     return Reply(None, tool_calls=[_tool_call(name, arguments)], finish_reason="tool_calls")
 
 
+# ----- the integrity probes' answers
+
+KOREAN_SENTENCES = (
+    "퍼셉트론은 입력에 가중치를 곱해 더한 값을 활성화 함수에 넣어 출력을 정합니다.",
+    "신경망은 이런 단위를 여러 층으로 쌓아 복잡한 관계를 배웁니다.",
+    "단층 퍼셉트론은 직선 하나로 나눌 수 있는 문제만 풀 수 있습니다.",
+    "다층 신경망은 은닉층 덕분에 XOR 같은 문제도 풀 수 있습니다.",
+    "학습은 오차를 줄이는 방향으로 가중치를 조금씩 고치는 과정입니다.",
+)
+JAPANESE_SENTENCES = (
+    "パーセプトロンは入力に重みを掛けて足し合わせ、その値で出力を決めます。",
+    "ニューラルネットワークはこの単位を何層も重ねて、複雑な関係を学びます。",
+    "単純なパーセプトロンは直線で分けられる問題しか解けません。",
+    "隠れ層があると、XORのような問題も解けるようになります。",
+    "学習とは、誤差が小さくなるように重みを少しずつ直すことです。",
+)
+ENGLISH_SENTENCES = (
+    "A perceptron multiplies its inputs by weights and passes the sum through a step.",
+    "A neural network stacks many such units in layers and learns richer relations.",
+    "A single perceptron only separates what one straight line can separate.",
+)
+EMOJI_CYCLE = ("🌊", "🍊", "🐶", "🎂", "🎈", "🎁")
+MULTIBYTE_CHARS = 450
+GLM47_CALL = "<tool_call>{name}\n<arg_key>{key}</arg_key>\n<arg_value>{value}</arg_value>\n</tool_call>"
+REPEATED_PHRASE = "네, 저장했어요. "
+
+
+def _has(text: str, low: int, high: int) -> bool:
+    return any(low <= ord(char) <= high for char in text)
+
+
+def _long_text(sentences: tuple[str, ...], emoji: bool = False) -> str:
+    parts, index = [], 0
+    while sum(map(len, parts)) < MULTIBYTE_CHARS:
+        sentence = sentences[index % len(sentences)]
+        parts.append(sentence + (f" {EMOJI_CYCLE[index % len(EMOJI_CYCLE)]} " if emoji else " "))
+        index += 1
+    return "".join(parts).strip()
+
+
+def _byte_tokens(text: str) -> list[bytes]:
+    """The answer as tokens: a character each, but an emoji split into two 2-byte tokens and
+    every third Hangul syllable into its three bytes, as byte-level tokenizers split what
+    their vocabulary lacks (whole only once joined)."""
+    tokens: list[bytes] = []
+    for index, char in enumerate(text):
+        raw = char.encode("utf-8", "surrogatepass")
+        if len(raw) == 4:
+            tokens += [raw[:2], raw[2:]]
+        elif _has(char, 0xAC00, 0xD7A3) and index % 3 == 0:
+            tokens += [raw[i:i + 1] for i in range(len(raw))]
+        else:
+            tokens.append(raw)
+    return tokens
+
+
+def multibyte_reply(answers: AnswerProgram, question: str) -> Reply:
+    """A Korean (with emoji when asked) or Japanese answer of 450+ characters, faults applied."""
+    japanese = _has(question, 0x3040, 0x30FF)
+    if japanese and "mb_off_language" in answers.faults:
+        text = _long_text(ENGLISH_SENTENCES)
+    else:
+        text = _long_text(JAPANESE_SENTENCES if japanese else KOREAN_SENTENCES,
+                          emoji="이모지" in question)
+    faults = answers.faults
+    if "mb_short" in faults:
+        text = text[:120]
+    if "mb_empty" in faults:
+        text = ""
+    if "mb_replacement" in faults:
+        text = "\ufffd".join(text[i:i + 100] for i in range(0, len(text), 100))
+    if "mb_surrogate" in faults:
+        text = text[:50] + "\ud83d" + text[50:]
+    if "mb_control" in faults:
+        text = text[:50] + "\x1b" + text[50:]
+    tokens = _byte_tokens(text)
+    if "mb_token_bytes" in faults:
+        tokens.insert(10, b"\xea")   # the next token starts a character: 0xEA stays alone
+    reasoning = ("생각해 보면 \ufffd 퍼셉트론부터 설명하겠습니다." if "mb_reasoning" in faults
+                 else None)
+    return Reply(text, reasoning=reasoning, token_bytes=tokens)
+
+
+def pinned_call(answers: AnswerProgram, question: str, offered: set) -> Reply | None:
+    """The call a question pins: an offered tool's name and a JSON object in the question."""
+    names = sorted(name for name in offered if name and name in question)
+    start = question.find("{")
+    if not names or start < 0:
+        return None
+    try:
+        arguments, _ = json.JSONDecoder().raw_decode(question[start:])
+    except ValueError:
+        return None
+    name = names[0]
+    if "tool_markup_leak" in answers.faults:
+        key, value = next(iter(arguments.items()))
+        return Reply(GLM47_CALL.format(name=name, key=key, value=value))
+    if "tool_changed_arguments" in answers.faults:
+        arguments = {key: value[:1] + "\ufffd" + value[2:] if isinstance(value, str) else value
+                     for key, value in arguments.items()}
+    text = json.dumps(arguments, ensure_ascii=False)
+    if "tool_broken_json" in answers.faults:
+        text = text[:-3]
+    return Reply(None, tool_calls=[_tool_call(name, text)], finish_reason="tool_calls")
+
+
 def _tool_result_reply(answers: AnswerProgram, messages: list) -> Reply:
     """The turn after a tool result; a malformed conversation is refused as vLLM would."""
     called = {call.get("id") for m in messages if m.get("role") == "assistant"
@@ -995,6 +1133,14 @@ def _tool_result_reply(answers: AnswerProgram, messages: list) -> Reply:
                      finish_reason="tool_calls")
     if "tool_result_ignored" in answers.faults:
         return Reply("I do not know the weather there.")
+    result_text = _text_of(result)
+    japanese = _has(result_text, 0x3040, 0x30FF) or _has(result_text, 0x4E00, 0x9FFF)
+    if japanese or _has(result_text, 0xAC00, 0xD7A3):
+        said = (f"ツールの結果を確認しました: {result_text}。" if japanese
+                else f"도구 결과를 확인했습니다: {result_text}.")
+        if "tool_repeating_tail" in answers.faults:
+            said += " " + REPEATED_PHRASE * 12
+        return Reply(said)
     try:
         weather = json.loads(_text_of(result))
         return Reply(f"It is {weather['temperature_c']} degrees C with {weather['condition']} "
@@ -1011,6 +1157,10 @@ def obedient_reply(answers: AnswerProgram, messages: list, tools: object) -> Rep
     question = _text_of(last)
     offered = {t.get("function", {}).get("name") for t in tools
                if isinstance(t, dict)} if isinstance(tools, list) else set()
+    if offered and (pinned := pinned_call(answers, question, offered)):
+        return pinned
+    if not offered and (_has(question, 0xAC00, 0xD7A3) or _has(question, 0x3040, 0x30FF)):
+        return multibyte_reply(answers, question)
     if "get_weather" in offered and "weather" in question.lower():
         return _weather_call(answers, question)
     counting = re.search(r"count from (\d+) to (\d+)", question, re.IGNORECASE)
@@ -1051,11 +1201,37 @@ def _answer_usage(prompt_tokens: int, reply: Reply, completion: int) -> dict:
             "completion_tokens_details": {"reasoning_tokens": len(_pieces(reply.reasoning))}}
 
 
+def _answer_logprobs(body: dict, reply: Reply) -> dict | None:
+    """OpenAI logprobs with each token's raw bytes (a token may hold part of a character)."""
+    if not body.get("logprobs") or reply.token_bytes is None:
+        return None
+    return {"content": [{"token": raw.decode("utf-8", "replace"), "logprob": TOP_LOGPROB,
+                         "bytes": list(raw), "top_logprobs": []} for raw in reply.token_bytes]}
+
+
+def _tool_call_deltas(index: int, call: dict) -> list[dict]:
+    """A call streamed as vLLM streams it: id, type and name first, the arguments in pieces."""
+    arguments = call["function"]["arguments"]
+    head = {"index": index, "id": call["id"], "type": "function",
+            "function": {"name": call["function"]["name"], "arguments": ""}}
+    return [{"tool_calls": [head]}] + [
+        {"tool_calls": [{"index": index, "function": {"arguments": arguments[i:i + 8]}}]}
+        for i in range(0, len(arguments), 8)]
+
+
+def integrity_conversation(messages: list) -> bool:
+    """A conversation holding Hangul or kana: the integrity probes' (and no bench prompt's).
+    The fake answers it as answer mode does in every mode, so that scripts/compare's boots,
+    whose fake models serve the bench in token mode, meet the same truth."""
+    text = " ".join(_text_of(m) for m in messages if isinstance(m, dict))
+    return _has(text, 0xAC00, 0xD7A3) or _has(text, 0x3040, 0x30FF)
+
+
 async def answer_request(state: FakeState, body: dict, t0: float,
-                         writer: asyncio.StreamWriter) -> bool:
+                         writer: asyncio.StreamWriter, answers: AnswerProgram) -> bool:
     """Serve one chat request in answer mode, whole or streamed, on the programmed clock: the
     first token at t0 + ttft (+ prompt tokens / --prefill-tok-s), one word per step after."""
-    program, answers = state.program, state.program.answers
+    program = state.program
     if "not_json" in answers.faults:
         writer.write(_response(200, b"<html><body>502 Bad Gateway</body></html>", "text/html"))
         return True
@@ -1068,7 +1244,8 @@ async def answer_request(state: FakeState, body: dict, t0: float,
     first_at = t0 + program.ttft_s + (prompt_tokens / answers.prefill_tok_s
                                       if answers.prefill_tok_s else 0.0)
     reasoning, content = _pieces(reply.reasoning), _pieces(reply.content)
-    completion = len(reasoning) + len(content) + len(reply.tool_calls)
+    completion = (len(reasoning) + (len(reply.token_bytes) if reply.token_bytes is not None
+                                    else len(content)) + len(reply.tool_calls))
     loop = asyncio.get_running_loop()
     state.in_flight += 1
     try:
@@ -1079,8 +1256,8 @@ async def answer_request(state: FakeState, body: dict, t0: float,
                 "id": f"chatcmpl-fake{state.arrivals}", "object": "chat.completion",
                 "created": int(time.time()), "model": program.served_name,
                 "choices": [{"index": 0, "message": _answer_message(answers, reply),
-                             "logprobs": None, "finish_reason": reply.finish_reason,
-                             "stop_reason": None}],
+                             "logprobs": _answer_logprobs(body, reply),
+                             "finish_reason": reply.finish_reason, "stop_reason": None}],
                 "usage": _answer_usage(prompt_tokens, reply, completion)}))
             return True
         head = {"id": f"chatcmpl-fake{state.arrivals}", "object": "chat.completion.chunk",
@@ -1090,8 +1267,8 @@ async def answer_request(state: FakeState, body: dict, t0: float,
                           and program.continuous_usage)
         deltas = ([{answers.reasoning_field: p} for p in reasoning]
                   + [{"content": p} for p in content]
-                  + [{"tool_calls": [dict(call, index=i)]}
-                     for i, call in enumerate(reply.tool_calls)])
+                  + [delta for i, call in enumerate(reply.tool_calls)
+                     for delta in _tool_call_deltas(i, call)])
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
                      b"transfer-encoding: chunked\r\n\r\n")
         events = [dict(head, choices=[{"index": 0, "delta": {"role": "assistant", "content": ""},

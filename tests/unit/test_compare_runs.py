@@ -36,7 +36,9 @@ def cluster(tmp_path_factory):
               "dies": fake_model(tmp / "models" / "dies", ENGINE_DIES_AT_REQUEST="3",
                                  API_OUTLIVES_ENGINE="30"),
               "never-up": fake_model(tmp / "models" / "never-up", ENGINE_DIES_AFTER="0",
-                                     API_OUTLIVES_ENGINE="0")}
+                                     API_OUTLIVES_ENGINE="0"),
+              # serves the bench as "same" does, and four U+FFFD in every Korean answer
+              "corrupt": fake_model(tmp / "models" / "corrupt", ANSWER_FAULTS="mb_replacement")}
     return make_cluster(tmp, fake_rank_command(), MODEL=models["same"]), models
 
 
@@ -85,6 +87,15 @@ def test_an_identical_candidate_passes_and_every_boot_is_stopped(cluster, aa_run
                for by_boot in doc["results"]["receipts"].values())
     report = (out / "report.md").read_text()
     assert lines[-1] in report and "| prose | 1 |" in report
+    # the integrity probes ran on every boot, and passed
+    assert doc["results"]["integrity"] == {
+        probe: {boot: {"status": "pass", "summary": doc["results"]["integrity"][probe][boot][
+            "summary"]} for boot in ("reference-a", "reference-b", "candidate")}
+        for probe in ("multibyte", "tool_cycles")}
+    for boot in ("reference-a", "reference-b", "candidate"):
+        assert doc["boots"][boot]["measurements"]["probes"]["exit"] == 0
+        assert json.loads((out / "boots" / boot / "probes.json").read_text())["passed"]
+    assert "| multibyte | PASS | PASS | PASS |" in report
     assert (out / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # three boots through the launcher: three rank starts, each removed again
     starts = [argv for argv in the_cluster.calls() if argv[:2] == ["run", "--detach"]]
@@ -138,6 +149,24 @@ def test_a_boot_that_dies_midway_is_reported_stopped_and_resumed(cluster, aa_run
     assert f"{gate['gate']['overall']['kl_mean']:.3g}" in (out / "report.md").read_text()
     # boots through the launcher so far: the three of the A/A run, the candidate twice
     assert len([a for a in the_cluster.calls() if a[:2] == ["run", "--detach"]]) == 5
+    assert_nothing_left(the_cluster)
+
+
+def test_a_candidate_serving_corrupted_text_fails_on_the_integrity_probes(cluster, aa_run):
+    """Its bench, gate and receipts are the reference's; its Korean answers carry U+FFFD."""
+    the_cluster, models = cluster
+    out = the_cluster.tmp / "corrupt"
+    result = the_cluster.compare("--reference", "", "--candidate", f"MODEL={models['corrupt']}",
+                                 "--reference-from", str(aa_run[1]), "--out", str(out), *SIZES)
+    assert result.returncode == 1, result.stdout + result.stderr
+    verdict = result.stdout.splitlines()[-1]
+    assert verdict.startswith("compare: candidate fails: the multibyte probe (fail: 0 clean, 11 "
+                              "faulty, 0 inconclusive of 11 runs; U+FFFD in the answer by run: "
+                              "4, 4, 4, "), verdict
+    doc = report_of(out)
+    assert doc["verdict"]["failures"] == [verdict.split("fails: ")[1].split("; it is")[0]]
+    assert doc["results"]["quality"]["passed"] is True
+    assert "| multibyte | PASS | PASS | FAIL |" in (out / "report.md").read_text()
     assert_nothing_left(the_cluster)
 
 

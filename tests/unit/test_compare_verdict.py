@@ -71,12 +71,29 @@ def exit_of(doc: dict) -> int:
     return 1 if failed else 0
 
 
+INTEGRITY = ("multibyte", "tool_cycles")
+CORRUPT = ("0 clean, 11 faulty, 0 inconclusive of 11 runs; U+FFFD in the answer by run: 4, 9, "
+           "8, 0, 0, 0, 0, 0, 0, 0, 0; first: run 1 ko-field: fault: 4 U+FFFD, 0 lone surrogates, "
+           "0 control chars in the answer")
+
+
+def probes_doc(results_by_probe: dict[str, str]) -> dict:
+    """bench/probes.py's document with these probes' statuses (each summary says which)."""
+    summaries = {"pass": "11 clean", "fail": CORRUPT,
+                 "inconclusive": "10 clean, 0 faulty, 1 inconclusive of 11 runs"}
+    return {"schema": "probes/1", "passed": set(results_by_probe.values()) == {"pass"},
+            "probes": {name: {"passed": status == "pass", "status": status,
+                              "summary": summaries.get(status, status), "details": {}}
+                       for name, status in results_by_probe.items()}}
+
+
 def saved_run(tmp_path: Path, speeds=(30.0, 30.0, 33.0), gate_kl=0.0, gate_top1=1.0,
               receipts=None, differing=(), first=None, failed_candidate_streams=0,
-              statuses=None, band_kl=0.001, band_top1=0.99, served=None) -> RunDir:
+              statuses=None, band_kl=0.001, band_top1=0.99, served=None, probes=None) -> RunDir:
     """A report directory as three finished boots leave it: each owed measurement's record
     (scripts/compare's own list of them, launcher/compare/boot.py) and result file. SERVED:
-    boot -> fields of what it served that differ from SERVED's."""
+    boot -> fields of what it served that differ from SERVED's. PROBES: (boot, probe) -> status of
+    the integrity probes (default pass; None: the boot left no probes.json)."""
     plan = {"reference": {"words": "", "values": {}}, "candidate": {"words": "", "values": {}},
             "options": {"concurrency": [1, 2], "runs": 1, "max_tokens": 24, "check_tokens": 24,
                         "needle_words": 300}, "differing": list(differing)}
@@ -92,12 +109,18 @@ def saved_run(tmp_path: Path, speeds=(30.0, 30.0, 33.0), gate_kl=0.0, gate_top1=
         for receipt in ("solo-vs-concurrent", "resumed-vs-fresh"):
             passed = (receipts or {}).get((boot, receipt), True)
             docs[f"{receipt}.json"] = {"receipt": receipt, "passed": passed}
+        statuses_of = {probe: (probes or {}).get((boot, probe), "pass") for probe in INTEGRITY}
+        docs["probes.json"] = (probes_doc(statuses_of) if None not in statuses_of.values()
+                               else None)
         measured = {}
         owed = boots.measurements(boot, "http://127.0.0.1:8000",
                                   Options.from_json(plan["options"]), run_dir)
         for measurement in owed:
             doc = docs.get(measurement.output, {"passed": True})  # a tool added since
-            (folder / measurement.output).write_text(json.dumps(doc))
+            if doc is not None:  # None: the tool ran and left no file
+                (folder / measurement.output).write_text(json.dumps(doc))
+            else:
+                doc = {}
             measured[measurement.key] = {"exit": exit_of(doc), "file": measurement.output,
                                          "seconds": 1.0}
         status = (statuses or {}).get(boot, "finished")
@@ -187,6 +210,48 @@ def test_a_near_tie_is_not_a_lossless_failure(tmp_path):
     assert verdict.exit == 0
 
 
+def test_a_candidate_that_fails_an_integrity_probe_fails_naming_it(tmp_path):
+    verdict = verdict_of(saved_run(tmp_path, probes={("candidate", "multibyte"): "fail"}))
+    assert verdict.exit == 1
+    assert verdict.failures == [f"the multibyte probe (fail: {CORRUPT[:157]}...)"]
+    assert verdict.line.startswith("compare: candidate fails: the multibyte probe (fail: 0 clean, "
+                                   "11 faulty"), verdict.line
+
+
+def test_a_candidate_fails_the_integrity_probes_even_when_the_reference_does(tmp_path):
+    """The same checkpoint may corrupt on both sides: the candidate still fails, and each
+    reference boot that fails is reported."""
+    failing = {(boot, "multibyte"): "fail" for boot in BOOTS}
+    verdict = verdict_of(saved_run(tmp_path, probes=failing))
+    assert verdict.exit == 1 and len(verdict.failures) == 1
+    assert verdict.failures[0].startswith("the multibyte probe (fail: ")
+    assert [note.split(":")[0] for note in verdict.notes] == [
+        "reference-a's multibyte probe", "reference-b's multibyte probe"]
+
+
+def test_a_reference_that_fails_an_integrity_probe_is_reported_and_the_candidate_judged(tmp_path):
+    verdict = verdict_of(saved_run(tmp_path, probes={("reference-a", "tool_cycles"): "fail"}))
+    assert verdict.exit == 0 and verdict.failures == []
+    assert verdict.notes == [f"reference-a's tool_cycles probe: fail: {CORRUPT[:157]}..."]
+
+
+@pytest.mark.parametrize("status, what", [("inconclusive", "inconclusive: 10 clean, 0 faulty, "
+                                                           "1 inconclusive of 11 runs"),
+                                          ("error", "error: error")])
+def test_an_integrity_probe_the_candidate_did_not_pass_fails_it(tmp_path, status, what):
+    verdict = verdict_of(saved_run(tmp_path, probes={("candidate", "tool_cycles"): status}))
+    assert verdict.exit == 1
+    assert verdict.failures == [f"the tool_cycles probe ({what})"]
+
+
+def test_a_candidate_that_left_no_probe_results_cannot_pass(tmp_path):
+    verdict = verdict_of(saved_run(tmp_path, probes={("candidate", "tool_cycles"): None}))
+    assert verdict.exit == 2
+    assert verdict.line == ("compare: could not run: boot candidate: the integrity probes: "
+                            "multibyte, tool_cycles left no result (probes.json is missing or "
+                            "not JSON)")
+
+
 def test_a_boot_that_did_not_finish_means_could_not_run(tmp_path):
     verdict = verdict_of(saved_run(tmp_path, statuses={"candidate": "failed"}))
     assert verdict.exit == 2
@@ -209,9 +274,22 @@ def test_the_report_holds_every_table_and_the_picture(tmp_path):
     assert "| overall | 0.001 | 0.004 | 0.9900 | 1.0000 | FAIL |" in text
     assert "| solo-vs-concurrent | PASS | PASS | PASS |" in text
     assert "Lossless across boots: not judged: the candidate changes MODEL" in text
+    assert "| multibyte | PASS | PASS | PASS |" in text and "| tool_cycles | PASS | PASS | PASS |" in text
     assert (run_dir.path / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     saved = read_json(run_dir.path / "compare.json")
     assert saved["verdict"]["exit"] == 1 and saved["results"]["quality"]["passed"] is False
+
+
+def test_the_report_shows_each_boots_integrity_probes_and_what_failed(tmp_path):
+    run_dir = saved_run(tmp_path, probes={("candidate", "multibyte"): "fail",
+                                          ("reference-b", "tool_cycles"): "inconclusive"})
+    summary = results.summarize(run_dir.path, run_dir.plan)
+    report.write(run_dir, summary, results.decide(summary, run_dir.plan))
+    text = (run_dir.path / "report.md").read_text()
+    assert "| multibyte | PASS | PASS | FAIL |" in text
+    assert "| tool_cycles | PASS | INCONCLUSIVE | PASS |" in text
+    assert f"- candidate, multibyte: {CORRUPT}" in text
+    assert "- reference B, tool_cycles: 10 clean, 0 faulty, 1 inconclusive of 11 runs" in text
 
 
 # ----------------------------------------------------------------------------- issue 35

@@ -90,7 +90,10 @@ def serve(tmp_path, state, popen=False, root=REPO, **settings):
                 "RUNS_DIR": tmp_path / "runs",
                 # No boot floor: the memory guard's tests plant low memory (plant_meminfo);
                 # tests/unit/test_field_health.py tests the floor.
-                "MEM_BOOT_FLOOR_GIB": 0, "GLM53_SWAPPINESS": plant_swappiness(tmp_path)}
+                "MEM_BOOT_FLOOR_GIB": 0, "GLM53_SWAPPINESS": plant_swappiness(tmp_path),
+                # the fake curl answers for no server; test_launcher_selfcheck.py runs the
+                # self-check against one
+                "SELF_CHECK": 0}
     if "FAKE_MEMINFO_DIR" not in settings:
         defaults.update(plant_meminfo(tmp_path))
     merged = {**defaults, **settings}

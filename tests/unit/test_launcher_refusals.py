@@ -156,6 +156,7 @@ REFUSALS = [
     ({"JIT_CACHE": "jit"}, f"JIT_CACHE=jit: {PATH_WHY}"),
     ({"RUNS_DIR": "runs\tnow"}, "RUNS_DIR=runs\tnow: accepted: a directory (relative to the repository, or absolute)"),
     ({"MEM_GUARD": "on"}, "MEM_GUARD=on: accepted: 0 | 1"),
+    ({"SELF_CHECK": "yes"}, "SELF_CHECK=yes: accepted: 0 | 1"),
     ({"MEM_SAMPLES_PER_SECOND": "50"}, f"MEM_SAMPLES_PER_SECOND=50: {INT} 1..20"),
     ({"MEM_FLOOR_LOAD_GIB": "10.5"}, f"MEM_FLOOR_LOAD_GIB=10.5: {FLOOR_WHY}"),
     ({"MEM_FLOOR_PROFILE_GIB": "-1"}, f"MEM_FLOOR_PROFILE_GIB=-1: {FLOOR_WHY}"),

@@ -87,8 +87,9 @@ def test_prefill_rate_equals_the_fakes_programmed_prefill(obedient):
 
 def test_every_request_is_greedy_with_thinking_off(obedient):
     _, _, requests = obedient
-    # counting, 2 calibrations + needle, tool call, thinking, 2 turns of the conversation
-    assert len(requests) == 8
+    # counting, 2 calibrations + needle, tool call, thinking, 2 turns of the conversation,
+    # 11 multibyte runs, 4 tool cycles of two turns each
+    assert len(requests) == 8 + 11 + 8
     for body in requests:
         assert body["temperature"] == 0.0
         assert body["chat_template_kwargs"] == {"enable_thinking": False}
@@ -96,7 +97,7 @@ def test_every_request_is_greedy_with_thinking_off(obedient):
 
 def test_second_turn_returns_the_servers_tool_call_and_its_result(obedient):
     _, _, requests = obedient
-    second = requests[-1]["messages"]
+    second = [r for r in requests if r.get("tools") == [probes.WEATHER_TOOL]][-1]["messages"]
     assert [m["role"] for m in second] == ["user", "assistant", "tool"]
     call = second[1]["tool_calls"][0]
     assert call["function"] == {"name": "get_weather", "arguments": '{"location": "Paris"}'}
@@ -159,6 +160,32 @@ FAILURES = [
     (("--faults", "http400@3"), "needle", "error",
      "no answer to judge: http_400: fake: injected bad request"),
     (("--faults", "truncate@3"), "needle", "error", "no answer to judge: truncated: "),
+    # the integrity probes: multibyte counts in the answer, the reasoning and the token bytes
+    (("--answer-faults", "mb_replacement"), "multibyte", "fail",
+     "0 clean, 11 faulty, 0 inconclusive of 11 runs; U+FFFD in the answer by run: 4, 4, 4, "),
+    (("--answer-faults", "mb_surrogate"), "multibyte", "fail",
+     "first: run 1 ko-field: fault: 0 U+FFFD, 1 lone surrogates, 0 control chars in the answer"),
+    (("--answer-faults", "mb_control"), "multibyte", "fail",
+     "ko-field: fault: 0 U+FFFD, 0 lone surrogates, 1 control chars in the answer"),
+    (("--answer-faults", "mb_reasoning"), "multibyte", "fail",
+     "in the answer; 1 U+FFFD, 0 lone surrogates, 0 control chars in the reasoning"),
+    (("--answer-faults", "mb_token_bytes"), "multibyte", "fail",
+     ("ko-field: fault: 0 U+FFFD, 0 lone surrogates, 0 control chars in the answer; 1 invalid "
+      "UTF-8 sequences in ")),
+    # tool cycles: markup, JSON, the arguments' round trip, a repeating tail, a call loop
+    (("--answer-faults", "tool_markup_leak"), "tool_cycles", "fail",
+     ("0 of 4 cycles clean; 0 of 0 calls' JSON parsed, 0 round-tripped, 2 markup leak(s), 0 "
+      "repeating tail(s): ko-weather call: tool markup <tool_call> </tool_call> <arg_key> "
+      "</arg_key> <arg_value> </arg_value> in the content")),
+    (("--answer-faults", "tool_broken_json"), "tool_cycles", "fail",
+     "ko-weather call: get_weather arguments are not JSON: '{\"city\": \"서울특별'"),
+    (("--answer-faults", "tool_changed_arguments"), "tool_cycles", "fail",
+     ('ko-weather: get_weather arguments came back {"city": "서\ufffd특별시"}, asked '
+      '{"city": "서울특별시"}')),
+    (("--answer-faults", "tool_repeating_tail"), "tool_cycles", "fail",
+     "ko-weather answer 1: the content ends repeating ' 네, 저장했어요.' 12 times (121 chars)"),
+    (("--answer-faults", "tool_again"), "tool_cycles", "fail",
+     "ko-weather: still calling tools after 2 extra calls, no answer"),
 ]
 
 
@@ -174,6 +201,94 @@ def test_each_planted_fault_fails_its_probe_naming_what_came_back(tmp_path, caps
     out = capsys.readouterr().out
     assert f"FAIL {probe}: {result['summary']}" in out
     assert f"probes: FAIL (0 of 1 passed; failed: {probe})" in out
+
+
+INCONCLUSIVE = [
+    (("--answer-faults", "mb_short"), "0 clean, 0 faulty, 11 inconclusive of 11 runs; ko-field: "
+                                      "inconclusive (answer of 120 chars, under 400)"),
+    (("--answer-faults", "mb_empty"), "ko-field: inconclusive (empty answer (finish_reason stop))"),
+    (("--answer-faults", "mb_off_language"),
+     ("8 clean, 0 faulty, 3 inconclusive of 11 runs; ja-perceptron: inconclusive (off-language: "
+      "0% of its letters in kana and kanji, under 60%)")),
+    (("--faults", "http500@1"), ("10 clean, 0 faulty, 1 inconclusive of 11 runs; ")),
+]
+
+
+@pytest.mark.parametrize("fake_args,summary", INCONCLUSIVE,
+                         ids=["-".join(f[0][1::2]) for f in INCONCLUSIVE])
+def test_a_short_empty_off_language_or_failed_answer_is_inconclusive_never_a_pass(
+        tmp_path, capsys, fake_args, summary):
+    with fake_vllm.spawn(*FAST, *fake_args) as fake:
+        code, doc = _run("--base-url", fake.url, "--only", "multibyte", tmp_path=tmp_path)
+    result = doc["probes"]["multibyte"]
+    assert code == 1 and not doc["passed"] and doc["failed"] == ["multibyte"]
+    assert result["status"] == "inconclusive" and summary in result["summary"], result["summary"]
+    assert {run["verdict"] for run in result["details"]["runs"]} >= {"inconclusive"}
+    assert "fault" not in {run["verdict"] for run in result["details"]["runs"]}
+    out = capsys.readouterr().out
+    assert f"INCONCLUSIVE multibyte: {result['summary']}" in out
+    assert "probes: FAIL (0 of 1 passed; failed: multibyte)" in out
+
+
+def test_a_failed_multibyte_run_says_what_came_back(tmp_path):
+    with fake_vllm.spawn(*FAST, "--faults", "http500@1") as fake:
+        _, doc = _run("--base-url", fake.url, "--only", "multibyte", tmp_path=tmp_path)
+    failed = [run for run in doc["probes"]["multibyte"]["details"]["runs"]
+              if run["verdict"] == "inconclusive"]
+    assert [run["why"] for run in failed] == [
+        "no answer: HTTP 500: fake: injected server error"]
+
+
+def test_multibyte_reports_each_run_and_sends_the_fields_prompt_three_times(obedient):
+    _, doc, requests = obedient
+    details = doc["probes"]["multibyte"]["details"]
+    runs = details["runs"]
+    assert [run["name"] for run in runs] == [name for name, _, _, count in probes.MULTIBYTE_RUNS
+                                             for _ in range(count)]
+    assert [run["run"] for run in runs] == list(range(1, 12))
+    for run in runs:
+        assert run["verdict"] == "clean" and run["chars"] >= 400, run
+        assert run["script_share"] >= 0.9 and run["token_bytes"]["invalid"] == 0
+        assert run["answer_faults"] == {"replacement": 0, "surrogates": 0, "controls": 0}
+        assert run["counts"].startswith("0 U+FFFD, 0 lone surrogates, 0 control chars in the "
+                                        "answer; 0 invalid UTF-8 sequences in ")
+        assert f"{run['chars']} chars, " in run["shape"]
+    assert all(run["emoji"] >= 5 for run in runs if run["language"] == "emoji")
+    asked = [r for r in requests if r.get("logprobs")]
+    assert len(asked) == 11 and all(r["max_tokens"] == 700 for r in asked)
+    assert [r["messages"][0]["content"] for r in asked].count(
+        "한국어로 퍼셉트론과 신경망의 차이를 자세히 설명해 주세요. 최소 400자 이상으로 작성하세요.") == 3
+    assert details["replacement"] == [0] * 11 and details["clean"] == 11
+
+
+def test_a_server_that_refuses_logprobs_is_asked_again_without_them(tmp_path):
+    with fake_vllm.spawn(*FAST, "--faults", "http400@1") as fake:
+        code, doc = _run("--base-url", fake.url, "--only", "multibyte", tmp_path=tmp_path)
+    runs = doc["probes"]["multibyte"]["details"]["runs"]
+    unchecked = [run for run in runs if run["note"]]
+    assert code == 0 and len(unchecked) == 1
+    assert unchecked[0]["note"] == ("logprobs refused (HTTP 400: fake: injected bad request): "
+                                    "token bytes unchecked")
+    assert unchecked[0]["token_bytes"] is None and unchecked[0]["verdict"] == "clean"
+    assert unchecked[0]["counts"].endswith("token bytes not given")
+
+
+def test_tool_cycles_stream_pinned_non_ascii_calls_and_send_the_results_back(obedient):
+    _, doc, requests = obedient
+    details = doc["probes"]["tool_cycles"]["details"]
+    assert (details["clean_cycles"], details["calls"], details["calls_parsed"],
+            details["round_trips"]) == (4, 4, 4, 4)
+    assert [c["name"] for c in details["cycles"]] == ["ko-weather", "ko-note", "ja-weather",
+                                                      "ja-note"]
+    cycles = [r for r in requests if r.get("tools") == probes.CYCLE_TOOLS]
+    assert len(cycles) == 8 and all(r["stream"] for r in cycles)
+    # the Korean conversation's last turn: both cycles, each call answered by its result
+    last = [r for r in cycles if "서울" in r["messages"][0]["content"]][-1]["messages"]
+    assert [m["role"] for m in last] == ["user", "assistant", "tool", "assistant", "user",
+                                         "assistant", "tool"]
+    assert json.loads(last[1]["tool_calls"][0]["function"]["arguments"]) == {"city": "서울특별시"}
+    assert last[2]["tool_call_id"] == last[1]["tool_calls"][0]["id"]
+    assert "맑음 ☀️" in last[2]["content"]   # sent as text, not as \u escapes
 
 
 def test_a_run_of_exactly_80_passes_counting(tmp_path):

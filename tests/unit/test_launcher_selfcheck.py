@@ -1,0 +1,183 @@
+"""run.sh's self-check once ready (launcher/selfcheck.py): one Korean answer judged by
+recipekit/text_integrity.py, one line; a fault warns, naming the likely cause, and the ranks
+keep running; SELF_CHECK=0 asks nothing. Against tests/fakes/fake_vllm.py (which answers a
+Korean question in every mode, its --answer-faults planted), alone and through a real
+run.sh on a one-node fake cluster whose rank runs the fake."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import subprocess
+import threading
+
+import pytest
+
+from launcher import selfcheck
+from tests.compare_cluster import fake_model, fake_rank_command, make_cluster
+from tests.fakes import fake_vllm
+from tests.timing import HANG_GUARD_S
+from tests.unit.test_launcher_support import REPO, dry_run
+
+FAST = ("--step-seconds", "0.0005", "--ttft-seconds", "0.005")
+FIELD_PROMPT = "한국어로 퍼셉트론과 신경망의 차이를 자세히 설명해 주세요. 최소 400자 이상으로 작성하세요."
+
+
+def test_a_clean_answer_prints_one_line_with_its_counts(tmp_path):
+    log = tmp_path / "requests.jsonl"
+    with fake_vllm.spawn(*FAST, "--request-log", str(log)) as fake:
+        code, line, warning = selfcheck.check(fake.url + "/v1")
+    assert code == selfcheck.CLEAN and warning is None
+    assert line.startswith("glm53: self-check: clean: one Korean answer to the field's prompt "
+                           "(700 tokens): 0 U+FFFD, 0 lone surrogates, 0 control chars in the "
+                           "answer; 0 invalid UTF-8 sequences in "), line
+    body = json.loads(log.read_text().splitlines()[0])["body"]
+    assert body["messages"] == [{"role": "user", "content": FIELD_PROMPT}]
+    assert (body["max_tokens"], body["temperature"], body["logprobs"]) == (700, 0.0, True)
+    assert body["chat_template_kwargs"] == {"enable_thinking": False}
+
+
+@pytest.mark.parametrize("fault, counts", [
+    ("mb_replacement", "4 U+FFFD, 0 lone surrogates, 0 control chars in the answer"),
+    ("mb_token_bytes", "0 U+FFFD, 0 lone surrogates, 0 control chars in the answer; 1 invalid "
+                       "UTF-8 sequences in "),
+    ("mb_reasoning", "1 U+FFFD, 0 lone surrogates, 0 control chars in the reasoning"),
+])
+def test_a_fault_warns_naming_the_likely_cause(fault, counts):
+    with fake_vllm.spawn(*FAST, "--answer-faults", fault) as fake:
+        code, line, warning = selfcheck.check(fake.url)
+    assert code == selfcheck.FAULT
+    assert line.startswith("glm53: self-check: FAULT: one Korean answer") and counts in line
+    assert warning.startswith("glm53: WARNING: the served text is corrupted (")
+    assert counts in warning
+    assert "ModelOpt NVFP4 checkpoint" in warning and "gate's global scale" in warning
+    assert warning.endswith("The ranks keep running.")
+
+
+def test_a_short_answer_is_inconclusive_not_clean():
+    with fake_vllm.spawn(*FAST, "--answer-faults", "mb_short") as fake:
+        code, line, warning = selfcheck.check(fake.url)
+    assert code == selfcheck.INCONCLUSIVE and warning is None
+    assert line.startswith("glm53: self-check inconclusive (answer of 120 chars, under 400): ")
+
+
+def test_a_server_that_refuses_logprobs_is_asked_again_without_them():
+    with fake_vllm.spawn(*FAST, "--faults", "http400@1") as fake:
+        code, line, _ = selfcheck.check(fake.url)
+    assert code == selfcheck.CLEAN and line.endswith("chars in the answer; token bytes not "
+                                                     "given; 466 chars, 98% of letters in the "
+                                                     "script")
+
+
+def test_no_server_is_one_line_and_not_a_verdict():
+    with fake_vllm.spawn(*FAST) as fake:
+        url = fake.url
+    code, line, warning = selfcheck.check(url)
+    assert code == selfcheck.COULD_NOT_RUN and warning is None
+    assert line.startswith(f"glm53: self-check could not run: no answer from {url}/v1/models")
+    assert line.endswith("; the ranks keep running") and "\n" not in line
+
+
+def test_an_api_key_in_the_environment_is_sent_and_shown_nowhere(monkeypatch, capsys):
+    seen = []
+    answer = "가나다라마바사아자차카타파하 " * 40
+
+    class Server(http.server.BaseHTTPRequestHandler):
+        def reply(self, doc):
+            seen.append((self.path, self.headers.get("Authorization")))
+            data = json.dumps(doc).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            self.reply({"data": [{"id": "glm"}]})
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.reply({"choices": [{"message": {"content": answer}, "finish_reason": "stop"}]})
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Server)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-probe-secret")
+    try:
+        code = selfcheck.main([f"http://127.0.0.1:{server.server_port}"])
+    finally:
+        server.shutdown()
+        server.server_close()
+    out = capsys.readouterr()
+    assert code == selfcheck.CLEAN
+    assert seen == [("/v1/models", "Bearer sk-probe-secret"),
+                    ("/v1/chat/completions", "Bearer sk-probe-secret")]
+    assert "sk-probe-secret" not in out.out + out.err
+
+
+def test_dry_run_shows_the_step_and_self_check_0_leaves_it_out(tmp_path):
+    shown = dry_run(tmp_path, SELF_CHECK=1).splitlines()
+    assert shown[-2].startswith("# once ready, on the head: one Korean answer to the field's "
+                                "prompt (700 tokens, greedy)")
+    assert shown[-1] == f"python3 {REPO}/launcher/entry.py self-check http://127.0.0.1:8000"
+    off = dry_run(tmp_path, SELF_CHECK=0)
+    assert "self-check" not in off and off.splitlines() == shown[:-2]
+
+
+# ----------------------------------------------------------------------------- through run.sh
+
+
+def run_sh(cluster, script: str = "run.sh", **settings) -> subprocess.CompletedProcess:
+    env = {**cluster.env, **{name: str(value) for name, value in settings.items()}}
+    return subprocess.run([str(REPO / script)], env=env, cwd=cluster.tmp, capture_output=True,
+                          text=True, timeout=HANG_GUARD_S, check=False)
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    log = tmp_path / "requests.jsonl"
+    models = {"clean": fake_model(tmp_path / "models" / "clean", REQUEST_LOG=log),
+              "corrupt": fake_model(tmp_path / "models" / "corrupt", REQUEST_LOG=log,
+                                    ANSWER_FAULTS="mb_replacement")}
+    the_cluster = make_cluster(tmp_path, fake_rank_command(), MODEL=models["clean"],
+                               SELF_CHECK=1)
+    yield the_cluster, models, log
+    run_sh(the_cluster, "stop.sh")
+
+
+def chat_requests(log) -> list[dict]:
+    lines = log.read_text().splitlines() if log.exists() else []
+    return [json.loads(line)["body"] for line in lines if '"body"' in line]
+
+
+def test_run_sh_checks_once_ready_and_the_ranks_keep_running(cluster):
+    the_cluster, _, log = cluster
+    result = run_sh(the_cluster)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    ready = next(i for i, line in enumerate(lines) if line.startswith("glm53: ready: "))
+    assert lines[ready + 1].startswith("glm53: self-check: clean: one Korean answer"), lines
+    assert "WARNING" not in result.stderr
+    assert [body["messages"][0]["content"] for body in chat_requests(log)] == [FIELD_PROMPT]
+    assert the_cluster.containers()["glm53-rank0"]["status"] == "running"
+
+
+def test_run_sh_warns_on_a_fault_and_leaves_the_server_up(cluster):
+    the_cluster, models, _ = cluster
+    result = run_sh(the_cluster, MODEL=models["corrupt"])
+    assert result.returncode == 0, result.stderr
+    assert "glm53: self-check: FAULT: one Korean answer to the field's prompt (700 tokens): 4 " \
+           "U+FFFD" in result.stdout
+    warning = result.stderr.splitlines()[-1]
+    assert warning.startswith("glm53: WARNING: the served text is corrupted (4 U+FFFD"), warning
+    assert the_cluster.containers()["glm53-rank0"]["status"] == "running"
+
+
+def test_self_check_0_asks_nothing(cluster):
+    the_cluster, _, log = cluster
+    result = run_sh(the_cluster, SELF_CHECK=0)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1].startswith("glm53: ready: ")
+    assert "self-check" not in result.stdout + result.stderr
+    assert chat_requests(log) == []
