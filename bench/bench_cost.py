@@ -26,6 +26,11 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+if __name__ == "__main__":  # a missing package: one line naming the install command
+    from bench import requires
+
+    requires.require("bench/bench_cost.py", requires.CLIENT_MODULES, __doc__)
+
 from bench import bench_decode
 
 FAKE = Path(__file__).resolve().parent.parent / "tests" / "fakes" / "fake_vllm.py"

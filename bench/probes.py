@@ -38,6 +38,11 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the `bench` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+if __name__ == "__main__":  # a missing package: one line naming the install command
+    from bench import requires
+
+    requires.require("bench/probes.py", requires.CLIENT_MODULES, __doc__)
+
 import aiohttp
 
 from bench.bench_decode import BenchError, server_identity

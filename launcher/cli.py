@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from launcher import checks
+from launcher import checks, usage
 from launcher.settings import Failed, Refused, RefusedAbove, resolve
 from recipekit import recipe
 
@@ -33,6 +33,8 @@ def load(environ=None, only=None, the_recipe=None) -> checks.Checked:
 def main(argv: list[str]) -> int:
     command = argv[0] if argv else ""
     try:
+        if command in usage.SCRIPTS and usage.handled(command, argv[1:]):
+            return 0
         if command == "run":
             from launcher import serve
 
