@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from launcher import checks, usage, user_settings
+from launcher import checks, model_heads, usage, user_settings
 from launcher.drafter import sliding
 from launcher.settings import Failed, Refused, RefusedAbove, resolve
 from recipekit import recipe
@@ -36,6 +36,7 @@ def load(environ=None, only=None, the_recipe=None) -> checks.Checked:
     checked = checks.check(the_recipe, values, ROOT, environ.get("HOME", ""), only)
     if only is None:
         user_settings.check_window(checked.values, named, sliding(checked.drafter))
+        model_heads.check(checked)
     return checked
 
 

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from launcher import memguard, pins, plan, preflight, steps
+from launcher import gpus, memguard, pins, plan, preflight, steps
 from launcher.checks import Checked
 from launcher.remote import Nodes
 from launcher.settings import Failed, Refused, RefusedAbove, refusal
@@ -101,6 +101,7 @@ class Serving:
             if not shutil.which(tool):
                 raise Failed(f"{tool} is not installed on the head{why}")
         self.check_no_running_ranks()
+        gpus.check(self.nodes, self["TP"])
         self.prepare_nodes()
         self.check_boot_memory()
         image_id = self.ensure_images()

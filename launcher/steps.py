@@ -10,7 +10,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass, field
 
-from launcher import memguard, plan, preflight
+from launcher import gpus, memguard, plan, preflight
 from recipekit import baselock
 from launcher.plan import UNPINNED, Launch, Plan
 from launcher.remote import Nodes
@@ -57,6 +57,19 @@ def stop_steps(nodes: Nodes, comment: str | None) -> list[Step]:
     for index in range(len(nodes.addresses)):
         step.on(index, plan.serve_containers_argv())
         step.on(index, ["docker", "rm", "--force", "<listed-ids>"])
+    return [step]
+
+
+def gpu_count(launch: Launch) -> list[Step]:
+    """Only with more than one rank a node: every node's GPUs counted (launcher/gpus.py)."""
+    node_count = len(launch.nodes.addresses)
+    wanted = gpus.ranks_per_node(launch["TP"], node_count)
+    if wanted <= 1:
+        return []
+    step = Step(f"every node: count its GPUs; TP={launch['TP']} on {node_count} nodes runs "
+                f"{wanted} ranks a node: refuse if one has fewer GPUs")
+    for index in _each_node(launch):
+        step.on(index, gpus.GPU_LIST)
     return [step]
 
 
@@ -181,7 +194,7 @@ def ranks(the_plan: Plan) -> list[Step]:
 def run_steps(the_plan: Plan) -> list[Step]:
     """Every step of a run, in order; the first is the start-up line."""
     launch, pv = the_plan.launch, shutil.which("pv") is not None
-    return [Step("glm53: " + the_plan.startup_line), running_check(launch),
+    return [Step("glm53: " + the_plan.startup_line), running_check(launch), *gpu_count(launch),
             prepare_nodes(launch), *boot_memory(launch), *images(the_plan, pv), *jit_cache(launch),
             *pins_and_drafter(the_plan), *ranks(the_plan)]
 
