@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from launcher import gpus, memguard, pins, plan, preflight, steps
+from launcher import extra_args, gpus, memguard, pins, plan, preflight, steps
 from launcher.checks import Checked
 from launcher.remote import Nodes
 from launcher.settings import Failed, Refused, RefusedAbove, refusal
@@ -248,6 +248,7 @@ class Serving:
             head_id = self.image_id_on(0, image)
             if not head_id:
                 raise Failed(f"scripts/build.sh finished but {image} is still not on the head")
+        extra_args.check(image, self["EXTRA_ARGS"], self.checked.words["EXTRA_ARGS"], say)
         for index in range(1, len(self.nodes.addresses)):
             node = self.nodes.addresses[index]
             found = self.image_id_on(index, image)

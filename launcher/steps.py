@@ -10,7 +10,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass, field
 
-from launcher import gpus, memguard, plan, preflight
+from launcher import extra_args, gpus, memguard, plan, preflight
 from recipekit import baselock
 from launcher.plan import UNPINNED, Launch, Plan
 from launcher.remote import Nodes
@@ -71,6 +71,16 @@ def gpu_count(launch: Launch) -> list[Step]:
     for index in _each_node(launch):
         step.on(index, gpus.GPU_LIST)
     return [step]
+
+
+def extra_args_parse(launch: Launch) -> list[Step]:
+    """Only with EXTRA_ARGS: its words parsed by the image's vLLM parser (launcher/extra_args.py)."""
+    words = launch.checked.words["EXTRA_ARGS"]
+    if not words:
+        return []
+    step = Step("EXTRA_ARGS parsed by the image's own vLLM parser on the head, before any rank "
+                "starts (refused if it rejects a flag; a parser that cannot be set up is a note)")
+    return [step.on(0, extra_args.shown_argv(launch["IMAGE"], words))]
 
 
 def prepare_nodes(launch: Launch) -> Step:
@@ -195,7 +205,8 @@ def run_steps(the_plan: Plan) -> list[Step]:
     """Every step of a run, in order; the first is the start-up line."""
     launch, pv = the_plan.launch, shutil.which("pv") is not None
     return [Step("glm53: " + the_plan.startup_line), running_check(launch), *gpu_count(launch),
-            prepare_nodes(launch), *boot_memory(launch), *images(the_plan, pv), *jit_cache(launch),
+            prepare_nodes(launch), *boot_memory(launch), *images(the_plan, pv),
+            *extra_args_parse(launch), *jit_cache(launch),
             *pins_and_drafter(the_plan), *ranks(the_plan)]
 
 
