@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from recipekit.one_line_parser import OneLineParser
 from recipekit import recipe as recipe_file
 from recipekit import baselock
 from recipekit.baselock import BaseLock, LockError, lock_path, shown
@@ -43,7 +44,7 @@ def row(layer: str, outcome: str, tag: str, image: str = "", note: str = "") -> 
 
 
 def arguments(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="build.sh", description=__doc__)
+    parser = OneLineParser(prog="build.sh", description=__doc__)
     add = parser.add_argument
     add("--base", help="the first layer's base (default: recipe.toml's BASE_IMAGE for the first layer, "
         "else the previous layer's tag)")

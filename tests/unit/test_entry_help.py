@@ -91,3 +91,21 @@ def test_an_argument_the_launcher_does_not_take_is_refused_in_one_line(tmp_path,
                              f"settings are environment variables (e.g. DRY_RUN=1 {shown}); see "
                              f"{shown} --help\n")
     assert not (tmp_path / "run" / "calls").exists()
+
+
+# Every entry that reads options (scripts/test hands its arguments to pytest).
+OPTION_ENTRIES = [entry for entry in ENTRIES if entry not in (*LAUNCHER_ENTRIES, "scripts/test")]
+
+
+@pytest.mark.parametrize("entry", OPTION_ENTRIES)
+def test_an_unknown_option_is_refused_in_one_line(tmp_path, entry):
+    (tmp_path / "run").mkdir()
+    result = subprocess.run([str(REPO / entry), "--no-such-option"],
+                            env=sealed(tmp_path / "run", True), cwd=tmp_path, capture_output=True,
+                            text=True, timeout=HANG_GUARD_S, check=False)
+    assert result.returncode == 2
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    # the option named, or a required argument missing before it is read; either way a pointer
+    assert "--no-such-option" in result.stderr or "required" in result.stderr
+    assert "--help" in result.stderr
+    assert not (tmp_path / "run" / "calls").exists()
