@@ -26,6 +26,13 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from recipekit.one_line_parser import OneLineParser
+
+if __name__ == "__main__":  # a missing package: one line naming the install command
+    from bench import requires
+
+    requires.require("bench/bench_cost.py", requires.CLIENT_MODULES, __doc__)
+
 from bench import bench_decode
 
 FAKE = Path(__file__).resolve().parent.parent / "tests" / "fakes" / "fake_vllm.py"
@@ -90,7 +97,7 @@ def measure(concurrency: int, rate: float, tokens_per_chunk: int, decode_s: floa
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench_cost.py", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="bench_cost.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--concurrency", default="16,32,64")
     parser.add_argument("--rate", type=float, default=200.0, help="tok/s per stream")
     parser.add_argument("--tokens-per-chunk", type=int, default=1)

@@ -32,6 +32,13 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the `bench` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from recipekit.one_line_parser import OneLineParser
+
+if __name__ == "__main__":  # a missing package: one line naming the install command
+    from bench import requires
+
+    requires.require("bench/bench_decode.py", requires.CLIENT_MODULES, __doc__)
+
 import aiohttp
 
 from bench import prompts, report, turns
@@ -89,8 +96,8 @@ def _positive(minimum: int):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="bench_decode.py", description=__doc__.split("\n\n")[0],
-                                allow_abbrev=False)
+    p = OneLineParser(prog="bench_decode.py", description=__doc__.split("\n\n")[0],
+                      allow_abbrev=False)
     p.add_argument("--url", default=DEFAULT_URL, help=f"server base URL (default {DEFAULT_URL})")
     p.add_argument("--model", help="model id (default: the one /v1/models lists)")
     p.add_argument("--phase", dest="phases", type=_phase_list, default="all",

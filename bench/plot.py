@@ -36,6 +36,13 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the `bench` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from recipekit.one_line_parser import OneLineParser
+
+if __name__ == "__main__":  # a missing package: one line naming the install command
+    from bench import requires
+
+    requires.require("bench/plot.py", requires.PLOT_MODULES, __doc__)
+
 from matplotlib.figure import Figure
 
 from bench import report
@@ -443,8 +450,8 @@ def _load_bench(path: str) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="plot.py", description=__doc__.split("\n\n")[0],
-                                allow_abbrev=False)
+    p = OneLineParser(prog="plot.py", description=__doc__.split("\n\n")[0],
+                      allow_abbrev=False)
     p.add_argument("input", nargs="?", help="a bench_decode.py --json file or a memory-guard "
                                             "sample CSV")
     p.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"),

@@ -46,6 +46,13 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the `bench` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from recipekit.one_line_parser import OneLineParser
+
+if __name__ == "__main__":  # a missing package: one line naming the install command
+    from bench import requires
+
+    requires.require("bench/probes.py", requires.CLIENT_MODULES, __doc__)
+
 import aiohttp
 
 from bench.bench_decode import BenchError, server_identity
@@ -926,8 +933,8 @@ def _prompt_tokens(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="probes.py", description=__doc__.split("\n\n")[0],
-                                allow_abbrev=False)
+    p = OneLineParser(prog="probes.py", description=__doc__.split("\n\n")[0],
+                      allow_abbrev=False)
     p.add_argument("--base-url", "--url", dest="base_url", default=DEFAULT_URL,
                    help=f"server base URL, a trailing /v1 is fine (default {DEFAULT_URL})")
     p.add_argument("--model", help="model id (default: the one /v1/models lists)")

@@ -40,6 +40,13 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the `bench` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from recipekit.one_line_parser import OneLineParser
+
+if __name__ == "__main__":  # a missing package: one line naming the install command
+    from bench import requires
+
+    requires.require("bench/quality.py", requires.CLIENT_MODULES, __doc__)
+
 import aiohttp
 
 from bench.bench_decode import BenchError, server_identity
@@ -320,8 +327,8 @@ def judge(result: dict, band: dict, scale: float) -> list[dict]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="quality.py", description=__doc__.split("\n\n")[0],
-                                     allow_abbrev=False)
+    parser = OneLineParser(prog="quality.py", description=__doc__.split("\n\n")[0],
+                           allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("record", "aa", "gate"):
         p = sub.add_parser(name, allow_abbrev=False)

@@ -29,6 +29,13 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the `bench` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from recipekit.one_line_parser import OneLineParser
+
+if __name__ == "__main__":  # a missing package: one line naming the install command
+    from bench import requires
+
+    requires.require("bench/receipts.py", requires.CLIENT_MODULES, __doc__)
+
 import aiohttp
 
 from bench.bench_decode import BenchError, server_identity
@@ -141,8 +148,8 @@ SIDES = {"lossless": ("undrafted", "drafted"), "solo-vs-concurrent": ("solo", "c
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="receipts.py", description=__doc__.split("\n\n")[0],
-                                     allow_abbrev=False)
+    parser = OneLineParser(prog="receipts.py", description=__doc__.split("\n\n")[0],
+                           allow_abbrev=False)
     sub = parser.add_subparsers(dest="receipt", required=True)
     for name in RECEIPTS:
         p = sub.add_parser(name, allow_abbrev=False)

@@ -17,6 +17,7 @@ from launcher import words as shell_words
 from launcher.drafter import Drafter, describe
 from launcher.generation import merged_json
 from launcher.settings import expand_path, profile_default, refusal, unset_refusal
+from recipekit.imagebuild.inputs import dockerfile_of
 from recipekit.recipe import Knob, Recipe
 
 _INTEGER = re.compile(r"0|[1-9][0-9]{0,17}")
@@ -141,6 +142,11 @@ def _serving_image(checked: Checked, knob: Knob) -> None:
                       "(DFlash2 backport, Glm5Next tap capture, draft KV group); accepted: "
                       f"{chain} (scripts/build.sh), or set FORCE_STOCK_IMAGE=1")
     layer = chain_layer_number(checked.recipe, image)
+    if layer is not None and chain_layers() and layer not in chain_layers():
+        tags = " | ".join(f"{checked.recipe.chain_prefix}v{number}" for number in chain_layers())
+        raise refusal("IMAGE", image, f"the image chain has no v{layer} (docker/ has no "
+                      f"{dockerfile_of(f'v{layer}').name}); accepted: {tags}, or an image named "
+                      "otherwise")
     asked = levers_asked(checked)
     if layer is not None and layer < LEVERS_LAYER and asked:
         raise refusal("IMAGE", image, f"image v{layer} predates layer v{LEVERS_LAYER}, which "
@@ -151,6 +157,11 @@ def _serving_image(checked: Checked, knob: Knob) -> None:
 
 # The layer whose switches and weight groups the GLM53_* variables drive (recipekit/layers/v13.py).
 LEVERS_LAYER = 13
+
+
+def chain_layers() -> list[int]:
+    """N of every layer vN the chain builds: those with a Dockerfile (scripts/build.sh's)."""
+    return [number for number in range(1, 100) if dockerfile_of(f"v{number}").is_file()]
 
 
 def chain_layer_number(recipe: Recipe, image: str) -> int | None:

@@ -11,7 +11,8 @@ import os
 import sys
 from pathlib import Path
 
-from launcher import checks
+from launcher import checks, model_heads, usage, user_settings
+from launcher.drafter import sliding
 from launcher.settings import Failed, Refused, RefusedAbove, resolve
 from recipekit import recipe
 
@@ -26,13 +27,24 @@ def load(environ=None, only=None, the_recipe=None) -> checks.Checked:
     environ = os.environ if environ is None else environ
     the_recipe = the_recipe or recipe.load()
     cluster_file = Path(environ.get("CLUSTER_ENV") or ROOT / "cluster.env")
+    named = user_settings.set_by_name(the_recipe, environ, cluster_file)
+    if only is None:
+        user_settings.check_environment(the_recipe, environ)
     values = resolve(the_recipe, environ, cluster_file)
-    return checks.check(the_recipe, values, ROOT, environ.get("HOME", ""), only)
+    if only is None:
+        user_settings.check_applicable(the_recipe, values, named)
+    checked = checks.check(the_recipe, values, ROOT, environ.get("HOME", ""), only)
+    if only is None:
+        user_settings.check_window(checked.values, named, sliding(checked.drafter))
+        model_heads.check(checked)
+    return checked
 
 
 def main(argv: list[str]) -> int:
     command = argv[0] if argv else ""
     try:
+        if command in usage.SCRIPTS and usage.handled(command, argv[1:]):
+            return 0
         if command == "run":
             from launcher import serve
 

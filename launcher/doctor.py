@@ -14,7 +14,9 @@ the exit code is the state.
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import subprocess
 
 from launcher import plan, preflight
 from launcher.checks import Checked
@@ -23,6 +25,12 @@ from launcher.settings import Failed
 
 EXIT_READY, EXIT_MISSING, EXIT_LOADING, EXIT_MISMATCH, EXIT_DOWN = 0, 3, 4, 5, 6
 SSH_UNREACHABLE = 255
+# What docker prints when the daemon answered that the container is not there (docker
+# inspect's "Error: No such object: NAME"; older clients "No such container: NAME"); any
+# other failure is Docker itself out of reach (not running, the socket not ours).
+_NO_CONTAINER = re.compile(r"No such (object|container)")
+DOCKER_FIX = ("`docker info` must work there as this user without sudo (the docker group; "
+              "README's Prerequisites)")
 
 
 def finding(message: str) -> None:
@@ -43,12 +51,18 @@ def speculation_in(args: list[str]) -> tuple[str, int]:
     return config.get("method") or "none", int(config.get("num_speculative_tokens") or 0)
 
 
+def docker_failure(result: subprocess.CompletedProcess) -> str:
+    """Docker's own last line of why it failed, or its exit status."""
+    lines = [line.strip() for line in result.stderr.splitlines() if line.strip()]
+    return lines[-1] if lines else f"docker exited {result.returncode}"
+
+
 class Doctor:
     def __init__(self, checked: Checked):
         self.checked = checked
         self.nodes = nodes_of(checked)
         self.launch = plan.Launch(checked, self.nodes, "", "")
-        self.present = self.down = self.mismatches = 0
+        self.present = self.down = self.mismatches = self.unreachable = 0
         self.rank_images: dict[int, str] = {}
         self.rank_levers: dict[int, dict[str, str]] = {}
         # GLM53_* variable -> the knob that sets it (recipe.toml)
@@ -76,10 +90,19 @@ class Doctor:
 
     def check_rank(self, index: int) -> None:
         container, where = plan.rank_container(index), self.nodes.label(index)
-        facts = self.nodes.run(index, plan.rank_facts_argv(index), capture=True, quiet=True)
+        facts = subprocess.run(self.nodes.argv(index, plan.rank_facts_argv(index)),
+                               stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                               check=False)
         if facts.returncode == SSH_UNREACHABLE and index > 0:
-            finding(f"{where}: cannot reach it over SSH ({' '.join(self.nodes.ssh)})")
-            self.down += 1
+            finding(f"{where}: cannot reach it over SSH ({' '.join(self.nodes.ssh)}); "
+                    f"`{' '.join(self.nodes.ssh)} {self.nodes.addresses[index]} true` must work "
+                    "from the head without a password (README's Prerequisites)")
+            self.unreachable += 1
+            return
+        if facts.returncode != 0 and not _NO_CONTAINER.search(facts.stderr):
+            finding(f"cannot reach Docker on {self.nodes.addresses[index]} ({docker_failure(facts)}); "
+                    f"{DOCKER_FIX}")
+            self.unreachable += 1
             return
         if facts.returncode != 0:
             finding(f"{where}: no {container} container")
@@ -203,6 +226,8 @@ class Doctor:
     def state(self) -> tuple[str, int]:
         for index in range(len(self.nodes.addresses)):
             self.check_rank(index)
+        if self.unreachable:  # what runs there is unknown: never "missing" (./run.sh over it)
+            return "down", EXIT_DOWN
         if self.present == 0:
             finding("no rank container on any node; ./run.sh starts them")
             return "missing", EXIT_MISSING

@@ -48,6 +48,13 @@ def startup_phrase(drafter: catalog.PublishedDrafter, window: int) -> str:
     return f"{drafter.repo_id} ({terms}), {shape}, {causality}, mask row from {mask_row}"
 
 
+def sliding(drafter: Drafter | None) -> bool:
+    """Whether DRAFTER is a published drafter with sliding-window layers (it keeps its own
+    window); False for a full-attention one and a local directory (unknown until read)."""
+    shape = _PUBLISHED_SHAPES.get(drafter.repo_id) if drafter else None
+    return bool(shape) and shape[1] == "sliding"
+
+
 def describe(setting: str, window: str) -> Drafter:
     """DRAFTER as the launcher serves it; an unknown key or a bad path is refused."""
     if setting.startswith("/"):

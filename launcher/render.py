@@ -43,7 +43,15 @@ def drives(knob: Knob) -> str:
 
 
 def accepted(knob: Knob) -> str:
-    """The values a knob takes, as its check says."""
+    """The values a knob takes, as its check says; an optional choice, flag or integer also
+    takes empty (unset)."""
+    values = _values(knob)
+    if knob.optional and knob.type in ("choice", "flag", "int"):
+        return f"{values}, or empty"
+    return values
+
+
+def _values(knob: Knob) -> str:
     if knob.type == "choice":
         return " \\| ".join(f"`{choice}`" for choice in knob.choices)
     if knob.type == "flag":
@@ -78,7 +86,8 @@ def front_table(recipe: Recipe) -> str:
 def profiles_table(recipe: Recipe) -> str:
     rows = ["| `PROFILE=` | what it is | sets |", "|---|---|---|"]
     for profile in recipe.profiles.values():
-        values = ", ".join(f"`{name}={value}`" for name, value in profile.values.items())
+        values = ", ".join(f"`{name}={value}`" if value else f"`{name}` empty"
+                           for name, value in profile.values.items())
         rows.append(f"| `{profile.name}` | {_cell(profile.about)} | {values or EMPTY} |")
     return "\n".join(rows)
 

@@ -15,7 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-from launcher import memguard, pins, plan, preflight, scan_verdict, steps
+from launcher import (extra_args, gpus, memguard, pins, plan, preflight, scan_verdict,
+                      steps)
 from launcher.checks import Checked
 from launcher.remote import Nodes
 from launcher.settings import Failed, Refused, RefusedAbove, refusal
@@ -109,6 +110,7 @@ class Serving:
             if not shutil.which(tool):
                 raise Failed(f"{tool} is not installed on the head{why}")
         self.check_no_running_ranks()
+        gpus.check(self.nodes, self["TP"])
         self.prepare_nodes()
         self.check_boot_memory()
         image_id = self.ensure_images()
@@ -267,6 +269,7 @@ class Serving:
             head_id = self.image_id_on(0, image)
             if not head_id:
                 raise Failed(f"scripts/build.sh finished but {image} is still not on the head")
+        extra_args.check(image, self["EXTRA_ARGS"], self.checked.words["EXTRA_ARGS"], say)
         for index in range(1, len(self.nodes.addresses)):
             node = self.nodes.addresses[index]
             found = self.image_id_on(index, image)

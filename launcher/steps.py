@@ -10,7 +10,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass, field
 
-from launcher import memguard, plan, preflight
+from launcher import extra_args, gpus, memguard, plan, preflight
 from recipekit import baselock
 from recipekit.text_integrity import FIELD_MAX_TOKENS
 from launcher.plan import UNPINNED, Launch, Plan
@@ -59,6 +59,29 @@ def stop_steps(nodes: Nodes, comment: str | None) -> list[Step]:
         step.on(index, plan.serve_containers_argv())
         step.on(index, ["docker", "rm", "--force", "<listed-ids>"])
     return [step]
+
+
+def gpu_count(launch: Launch) -> list[Step]:
+    """Only with more than one rank a node: every node's GPUs counted (launcher/gpus.py)."""
+    node_count = len(launch.nodes.addresses)
+    wanted = gpus.ranks_per_node(launch["TP"], node_count)
+    if wanted <= 1:
+        return []
+    step = Step(f"every node: count its GPUs; TP={launch['TP']} on {node_count} nodes runs "
+                f"{wanted} ranks a node: refuse if one has fewer GPUs")
+    for index in _each_node(launch):
+        step.on(index, gpus.GPU_LIST)
+    return [step]
+
+
+def extra_args_parse(launch: Launch) -> list[Step]:
+    """Only with EXTRA_ARGS: its words parsed by the image's vLLM parser (launcher/extra_args.py)."""
+    words = launch.checked.words["EXTRA_ARGS"]
+    if not words:
+        return []
+    step = Step("EXTRA_ARGS parsed by the image's own vLLM parser on the head, before any rank "
+                "starts (refused if it rejects a flag; a parser that cannot be set up is a note)")
+    return [step.on(0, extra_args.shown_argv(launch["IMAGE"], words))]
 
 
 def prepare_nodes(launch: Launch) -> Step:
@@ -209,9 +232,10 @@ def self_check(the_plan: Plan) -> list[Step]:
 def run_steps(the_plan: Plan) -> list[Step]:
     """Every step of a run, in order; the first is the start-up line."""
     launch, pv = the_plan.launch, shutil.which("pv") is not None
-    return [Step("glm53: " + the_plan.startup_line), running_check(launch),
-            prepare_nodes(launch), *boot_memory(launch), *images(the_plan, pv), *jit_cache(launch),
-            *checkpoint_scan(the_plan), *pins_and_drafter(the_plan), *ranks(the_plan)]
+    return [Step("glm53: " + the_plan.startup_line), running_check(launch), *gpu_count(launch),
+            prepare_nodes(launch), *boot_memory(launch), *images(the_plan, pv),
+            *extra_args_parse(launch), *jit_cache(launch), *checkpoint_scan(the_plan),
+            *pins_and_drafter(the_plan), *ranks(the_plan)]
 
 
 def render(nodes: Nodes, steps: list[Step]) -> str:

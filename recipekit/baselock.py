@@ -93,6 +93,10 @@ class BaseLock:
             raise LockError(f"{shown(path)}: {error}; fix it, or delete it to trust the base images "
                             "there again on the next build") from None
         images = {}
+        if not isinstance(data.get("images", {}), dict):
+            raise LockError(f"{shown(path)}: images = {data['images']!r} is not a table; accepted: "
+                            '[images."REF"] tables as scripts/build.sh writes them; fix it, or '
+                            "delete the file to trust the base images there again on the next build")
         for ref, entry in data.get("images", {}).items():
             if not isinstance(entry, dict):
                 raise LockError(f'{shown(path)}: [images."{ref}"] is not a table')

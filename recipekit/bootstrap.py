@@ -25,7 +25,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 REQUIREMENTS = tuple(REPO_ROOT / "requirements" / name for name in ("tool.txt", "drafter.txt", "build.txt"))
 INSIDE = "GLM53_TOOL_ENV"  # set in the re-run, so a broken environment cannot loop
-MIN_PYTHON = (3, 10)
+MIN_PYTHON = (3, 11)
 
 
 def cache_root() -> Path:
@@ -83,13 +83,34 @@ def _build(tool: str, venv: Path) -> None:
     print(f"{tool}: tool environment ready in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
 
 
+HELP_WORDS = ("-h", "--help")
+
+
+def help_asked(args: list[str]) -> bool:
+    return any(arg in HELP_WORDS for arg in args)
+
+
+def print_help_without(tool: str, missing: list[str]) -> None:
+    """Help that builds nothing: the script's own docstring, and where its options come from."""
+    main = sys.modules.get("__main__")
+    doc = (getattr(main, "__doc__", None) or "").strip()
+    print(f"usage: {tool} [options] (this python3 lacks what --help needs to list them)\n")
+    print(f"{doc}\n\n" if doc else "", end="")
+    print(f"{tool}: its full option list (--help) needs {', '.join(missing)}, which this python3 "
+          "lacks; the first run without --help builds the recipe's tool environment once "
+          f"(PyPI, a minute or two), or install them: {_install_command()}")
+
+
 def require_tool_env(tool: str, modules: tuple[str, ...] = ("unidiff", "libcst")) -> None:
     """Return when ``modules`` import; else re-run this script in the tool environment."""
     if sys.version_info < MIN_PYTHON:
-        _refuse(tool, f"needs Python >= 3.10; {sys.executable} is {sys.version.split()[0]}")
+        _refuse(tool, f"needs Python >= 3.11; {sys.executable} is {sys.version.split()[0]}")
     missing = [name for name in modules if importlib.util.find_spec(name) is None]
     if not missing:
         return
+    if help_asked(sys.argv[1:]):
+        print_help_without(tool, missing)
+        sys.exit(0)
     if os.environ.get(INSIDE):
         _refuse(tool, f"the tool environment {sys.prefix} lacks {', '.join(missing)}; "
                 f"delete it and rerun, or run: {_install_command()}")

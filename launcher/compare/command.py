@@ -257,7 +257,7 @@ def main(argv: list[str]) -> int:
             return 0
         if why := boots.tools_missing():
             raise Refused(f"refused: scripts/compare: {why}; accepted: a python3 with the "
-                          "bench's packages (requirements/test.txt pins them)")
+                          "bench's packages (python3 -m pip install -r requirements/bench.txt)")
         if busy := boots.not_free(reference):
             raise Refused(f"refused: scripts/compare: {busy}; scripts/compare boots its own "
                           "ranks: run ./stop.sh first")

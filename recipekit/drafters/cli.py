@@ -1,6 +1,7 @@
 """prepare-drafter's command line: arguments, output, and exit codes (0 ok, 1 I/O, 2 usage, 3 refused)."""
 
 import argparse
+from recipekit.one_line_parser import OneLineParser
 import json
 import sys
 
@@ -12,7 +13,7 @@ EXIT_OK, EXIT_IO, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
 
 
 def _parser():
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="prepare-drafter",
         description="Validate a DFlash2 drafter snapshot and write the directory vLLM serves.",
         epilog="exit codes: 0 prepared, 1 I/O error, 2 usage error, 3 snapshot refused",

@@ -1,4 +1,12 @@
-"""scripts/build.sh's Python (docs/images.md); the version check runs before tomllib is needed."""
+"""scripts/build.sh: build the image chain, v8 to v13, on the vendor image (the docker SDK).
+
+    scripts/build.sh [--check] [--from LAYER] [--to LAYER] [--base REF] [--accept-base]
+                     [--base-lock first-use|strict] [--verbose] [--tag-prefix PREFIX]
+                     [--recipe PATH]
+
+docs/images.md says what each option does; scripts/build.sh's header, its exit codes. (Its
+Python; the version check runs before tomllib is needed.)
+"""
 import sys
 from pathlib import Path
 

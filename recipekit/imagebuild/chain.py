@@ -4,6 +4,7 @@ previous one's image, labelled with what its build step recorded. docs/images.md
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import os
 import re
@@ -11,11 +12,13 @@ import sys
 import time
 from pathlib import Path
 
+from recipekit.one_line_parser import OneLineParser
 from recipekit import recipe as recipe_file
 from recipekit import baselock
 from recipekit.baselock import BaseLock, LockError, lock_path, shown
 from recipekit.imagebuild import inputs
 from recipekit.imagebuild.engine import BuildFailed, Engine, PullFailed, PullProgress
+from recipekit.imagebuild.heartbeat import Heartbeat
 from recipekit.imagebuild.inputs import BUILD_DIR, BuildError, Context, relative
 from recipekit.layers import LAYERS
 
@@ -41,7 +44,7 @@ def row(layer: str, outcome: str, tag: str, image: str = "", note: str = "") -> 
 
 
 def arguments(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="build.sh", description=__doc__)
+    parser = OneLineParser(prog="build.sh", description=__doc__)
     add = parser.add_argument
     add("--base", help="the first layer's base (default: recipe.toml's BASE_IMAGE for the first layer, "
         "else the previous layer's tag)")
@@ -195,7 +198,9 @@ class Chain:
         log = BUILD_DIR / "logs" / f"{layer}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         try:
-            built = self.engine.build(inputs.dockerfile_of(layer), context.path, base_id, log, self.args.verbose)
+            beating = contextlib.nullcontext() if self.args.verbose else Heartbeat(layer, log, say, relative(log))
+            with beating:
+                built = self.engine.build(inputs.dockerfile_of(layer), context.path, base_id, log, self.args.verbose)
         except BuildFailed as error:
             lines = log.read_text(errors="replace").splitlines()
             refusal = [line[max(line.find("glm53 layer:"), 0):] for line in lines if "REFUSED" in line]
