@@ -22,7 +22,8 @@ LAUNCHER_ENTRIES = ("run.sh", "stop.sh", "scripts/doctor")
 ENTRIES = (
     *LAUNCHER_ENTRIES, "scripts/compare", "scripts/build.sh", "scripts/render-docs",
     "scripts/patch-layer", "scripts/make-backport", "scripts/vllm-src", "scripts/flashinfer-src",
-    "scripts/sm121-packages", "scripts/prepare-drafter", "scripts/test", "scripts/test-env",
+    "scripts/sm121-packages", "scripts/prepare-drafter", "scripts/scan-checkpoint", "scripts/test",
+    "scripts/test-env",
     "bench/bench_decode.py", "bench/probes.py", "bench/quality.py", "bench/receipts.py",
     "bench/bench_cost.py", "bench/plot.py",
 )
