@@ -10,7 +10,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass, field
 
-from launcher import memguard, plan, preflight
+from launcher import apikey, memguard, plan, preflight
 from recipekit import baselock
 from launcher.plan import UNPINNED, Launch, Plan
 from launcher.remote import Nodes
@@ -162,6 +162,8 @@ def ranks(the_plan: Plan) -> list[Step]:
     launch = the_plan.launch
     leftovers = stop_steps(launch.nodes, "remove the exited serve containers an earlier run left "
                                          "(kept for their logs until nothing can refuse)")
+    key = ([Step(apikey.dry_run_comment(launch.checked))] if apikey.keyed(launch.checked)
+           else [])
     start = Step("start one rank per node, head first")
     for rank in the_plan.ranks:
         start.on(rank.rank, rank.docker_argv())
@@ -172,10 +174,13 @@ def ranks(the_plan: Plan) -> list[Step]:
     else:
         wait = Step(f"wait: poll the API every {launch['POLL_SECONDS']} s (up to "
                     f"{launch['READY_TIMEOUT']} s) while every rank is running; a dead rank stops all")
-    wait.on(0, plan.api_probe_argv(launch["PORT"], launch["READY_CHECK"]))
+    probe = plan.api_probe_argv(launch["PORT"], launch["READY_CHECK"], apikey.keyed(launch.checked))
+    if "--config" in probe:
+        wait.comment += f"; curl reads the Authorization header on stdin, from {launch['API_KEY_FILE']}"
+    wait.on(0, probe)
     for index in _each_node(launch):
         wait.on(index, plan.container_status_argv(index))
-    return [*leftovers, start, *memory_guard(launch), wait]
+    return [*leftovers, *key, start, *memory_guard(launch), wait]
 
 
 def run_steps(the_plan: Plan) -> list[Step]:
