@@ -148,7 +148,9 @@ def test_no_file_but_recipe_toml_defines_or_defaults_a_knob():
 
 # What the launcher reads of its environment that is not a knob: the settings file's name,
 # and the home directory a leading ~/ stands for.
-NOT_KNOBS = {"CLUSTER_ENV", "HOME"}
+# VLLM_API_KEY: rank 0's API key, from API_AUTH and API_KEY_FILE through `docker run
+# --env-file` (launcher/apikey.py), never an `--env` a knob declares.
+NOT_KNOBS = {"CLUSTER_ENV", "HOME", "VLLM_API_KEY"}
 
 
 def test_the_launcher_reads_no_setting_the_recipe_does_not_define():
