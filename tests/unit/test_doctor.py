@@ -298,3 +298,22 @@ def test_an_unreadable_inspect_fails_closed_in_one_line(tmp_path, cluster):
     assert result.returncode == 1
     assert result.stderr == (f"glm53: cannot read docker inspect of glm53-rank0 on {HEAD}: "
                              "running sha256:1 [\"serve\"]\n")
+
+
+def test_the_doctor_sends_the_key_on_curls_stdin(tmp_path, cluster):
+    result = doctor(tmp_path, cluster)
+    assert result.returncode == 0, result.stderr
+    key = (tmp_path / "api-key").read_text().strip()
+    assert (cluster / "curl-config").read_text() == f'header = "Authorization: Bearer {key}"\n'
+    assert key not in result.stdout + result.stderr
+
+
+def test_a_401_says_the_key_file_is_not_the_served_one(tmp_path, cluster):
+    (cluster / "models-status").write_text("401")
+    result = doctor(tmp_path, cluster)
+    assert result.returncode == 5
+    assert result.stdout.splitlines()[-2:] == [
+        "doctor: API http://127.0.0.1:8000/v1/models answers 401 Unauthorized: the key in "
+        f"{tmp_path / 'api-key'} (API_KEY_FILE) is not the one the API was started with; "
+        "./stop.sh, then ./run.sh serves that file's key",
+        "doctor: state mismatch (exit 5)"]
