@@ -52,6 +52,7 @@ from bench.server_metrics import (
 )
 from bench.stream_client import Tally, chat_request, run_stream
 from bench.summary import build_cell, wave_figures
+from recipekit import apikey
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 WARMUP_TOKENS = 16
@@ -100,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
                       allow_abbrev=False)
     p.add_argument("--url", default=DEFAULT_URL, help=f"server base URL (default {DEFAULT_URL})")
     p.add_argument("--model", help="model id (default: the one /v1/models lists)")
+    apikey.add_client_argument(p)
     p.add_argument("--phase", dest="phases", type=_phase_list, default="all",
                    help=f"all (default) or a comma list of {', '.join(prompts.PHASES)}")
     p.add_argument("--concurrency", type=_concurrency_list, default=[1, 2, 4],
@@ -136,12 +138,22 @@ async def _get_json(session: aiohttp.ClientSession, url: str):
             return status, None
 
 
+def api_key_of(api_key_file: str | None) -> apikey.ClientKey:
+    """The key a tool sends (recipekit/apikey.py: --api-key-file, else OPENAI_API_KEY, else
+    the default key file when it exists, else none); BenchError naming a file that cannot
+    be used."""
+    try:
+        return apikey.client_key(api_key_file)
+    except apikey.KeyFileError as exc:
+        raise BenchError(f"API key: {exc}") from None
+
+
 async def server_identity(session: aiohttp.ClientSession, url: str, model: str | None,
-                          url_flag: str = "--url"):
+                          url_flag: str = "--url", key: apikey.ClientKey | None = None):
     """(model id, the /v1/models answer, vLLM version or None); BenchError when the server
     cannot be reached, its engine is not healthy (/health: vLLM's /v1/models answers for
-    seconds after the engine died), is not OpenAI-compatible, or serves several models and
-    none was given."""
+    seconds after the engine died), wants an API key SESSION does not send (401: where KEY
+    came from), is not OpenAI-compatible, or serves several models and none was given."""
     try:
         async with session.get(url + "/health") as reply:
             health = reply.status
@@ -156,6 +168,9 @@ async def server_identity(session: aiohttp.ClientSession, url: str, model: str |
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         raise BenchError(f"cannot reach {url}/v1/models ({exc!r}): is the server up? "
                          f"pass {url_flag}") from exc
+    if status == 401:
+        raise BenchError((key or apikey.ClientKey(None, "no key given")).unauthorized(
+            url + "/v1/models"))
     if status != 200:
         raise BenchError(f"{url}/v1/models answered HTTP {status}: is {url} an "
                          f"OpenAI-compatible server?")
@@ -204,8 +219,10 @@ async def run_bench(opts: argparse.Namespace, progress: BenchProgress) -> dict:
     connector = aiohttp.TCPConnector(limit=widest + 4)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10.0, sock_read=opts.timeout)
     cpu0 = time.process_time()
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as client:
-        model, models, version = await server_identity(client, url, opts.model)
+    key = api_key_of(opts.api_key_file)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout,
+                                     headers=key.headers()) as client:
+        model, models, version = await server_identity(client, url, opts.model, key=key)
         bench_id = secrets.token_hex(4)
         request_template = chat_request(model, [], opts.max_tokens, opts.ignore_eos)
         del request_template["messages"]

@@ -55,8 +55,9 @@ if __name__ == "__main__":  # a missing package: one line naming the install com
 
 import aiohttp
 
-from bench.bench_decode import BenchError, server_identity
+from bench.bench_decode import BenchError, api_key_of, server_identity
 from bench.stream_client import chat_request, error_message, stream_text
+from recipekit import apikey
 from recipekit import text_integrity as integrity
 
 SCHEMA = "probes/1"
@@ -854,7 +855,8 @@ def _max_model_len(models: object, model: str) -> int | None:
 async def run_probes_async(base_url: str, model: str | None = None,
                            only: tuple[str, ...] | list[str] = PROBE_NAMES,
                            prompt_tokens: int = DEFAULT_PROMPT_TOKENS, timeout: float = 600.0,
-                           note: Callable[[str], None] | None = None) -> dict:
+                           note: Callable[[str], None] | None = None,
+                           api_key_file: str | None = None) -> dict:
     """Run the chosen probes; return the result document (docs/probes.md). Raises
     ProbesCannotRun (a BenchError) when no result would mean anything."""
     url = normalize_base_url(base_url)
@@ -863,8 +865,9 @@ async def run_probes_async(base_url: str, model: str | None = None,
         raise ProbesCannotRun(f"unknown probe(s) {', '.join(unknown) or '(none given)'}: "
                               f"choose from {', '.join(PROBE_NAMES)}")
     client_timeout = aiohttp.ClientTimeout(total=None, sock_connect=10.0, sock_read=timeout)
-    async with aiohttp.ClientSession(timeout=client_timeout) as session:
-        model, models, version = await server_identity(session, url, model, "--base-url")
+    key = api_key_of(api_key_file)
+    async with aiohttp.ClientSession(timeout=client_timeout, headers=key.headers()) as session:
+        model, models, version = await server_identity(session, url, model, "--base-url", key)
         limit = _max_model_len(models, model)
         if "needle" in only and limit is not None \
                 and prompt_tokens + NEEDLE_MAX_TOKENS > limit:
@@ -938,6 +941,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--base-url", "--url", dest="base_url", default=DEFAULT_URL,
                    help=f"server base URL, a trailing /v1 is fine (default {DEFAULT_URL})")
     p.add_argument("--model", help="model id (default: the one /v1/models lists)")
+    apikey.add_client_argument(p)
     p.add_argument("--only", type=_probe_list, default=list(PROBE_NAMES),
                    help=f"comma-separated probes to run (default all: {', '.join(PROBE_NAMES)})")
     p.add_argument("--prompt-tokens", type=_prompt_tokens, default=DEFAULT_PROMPT_TOKENS,
@@ -967,7 +971,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         doc = run_probes(opts.base_url, model=opts.model, only=opts.only,
-                         prompt_tokens=opts.prompt_tokens, timeout=opts.timeout, note=progress)
+                         prompt_tokens=opts.prompt_tokens, timeout=opts.timeout, note=progress,
+                         api_key_file=opts.api_key_file)
     except BenchError as exc:
         print(f"probes: {exc}", file=sys.stderr)
         return 2

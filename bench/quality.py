@@ -49,11 +49,12 @@ if __name__ == "__main__":  # a missing package: one line naming the install com
 
 import aiohttp
 
-from bench.bench_decode import BenchError, server_identity
+from bench.bench_decode import BenchError, api_key_of, server_identity
 from bench.divergence import PositionScore, Totals, score_position
 from bench.greedy import GreedyOutput, ReceiptError, compare_outputs
 from bench.progress import BenchProgress
 from bench.stream_client import Tally, error_message
+from recipekit import apikey
 
 FORMAT_VERSION = 1
 PHASES = ("prose", "code", "structured", "needle")
@@ -106,11 +107,12 @@ async def _post(session: aiohttp.ClientSession, url: str, path: str, body: dict)
     return answer
 
 
-async def server_model(session: aiohttp.ClientSession, url: str, model: str | None) -> str:
+async def server_model(session: aiohttp.ClientSession, url: str, model: str | None,
+                       key: apikey.ClientKey | None = None) -> str:
     """The model the server at URL serves, after the bench's preflight (/health, then
-    /v1/models)."""
+    /v1/models; KEY: where the session's API key came from, for a 401's line)."""
     try:
-        served, _, _ = await server_identity(session, url, model)
+        served, _, _ = await server_identity(session, url, model, key=key)
     except BenchError as exc:
         raise QualityError(str(exc)) from exc
     return served
@@ -233,7 +235,7 @@ def write_json(path: str, doc: dict) -> None:
 
 
 async def record(session, opts, progress: BenchProgress) -> dict:
-    model = await server_model(session, opts.url, opts.model)
+    model = await server_model(session, opts.url, opts.model, opts.key)
     prompts = []
     for phase, messages in prompt_set(opts.needle_words):
         tally = Tally()
@@ -255,7 +257,7 @@ async def record(session, opts, progress: BenchProgress) -> dict:
 
 async def compare(session, reference: dict, opts, progress: BenchProgress) -> dict:
     """The candidate (opts.url) against the reference record: totals and per-prompt detail."""
-    model = await server_model(session, opts.url, opts.model)
+    model = await server_model(session, opts.url, opts.model, opts.key)
     top_n = reference["settings"]["top_n"]
     overall, phases, details = Totals(), {}, []
     for index, entry in enumerate(reference["prompts"], 1):
@@ -334,6 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, allow_abbrev=False)
         p.add_argument("--url", required=True, help="the server to record or to compare")
         p.add_argument("--model", help="model id (default: the one /v1/models lists)")
+        apikey.add_client_argument(p)
         p.add_argument("--out", required=True, help="the JSON file to write")
         p.add_argument("--timeout", type=float, default=900.0, help="seconds per request")
         p.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -371,7 +374,11 @@ def _check_options(parser, opts) -> None:
 
 async def _run(opts, progress: BenchProgress) -> dict:
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10.0, sock_read=opts.timeout)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    try:
+        opts.key = api_key_of(opts.api_key_file)
+    except BenchError as exc:
+        raise QualityError(str(exc)) from exc
+    async with aiohttp.ClientSession(timeout=timeout, headers=opts.key.headers()) as session:
         if opts.command == "record":
             return await record(session, opts, progress)
         reference = load_json(opts.reference, "quality-record")

@@ -38,7 +38,7 @@ if __name__ == "__main__":  # a missing package: one line naming the install com
 
 import aiohttp
 
-from bench.bench_decode import BenchError, server_identity
+from bench.bench_decode import BenchError, api_key_of, server_identity
 from bench.greedy import (
     VERDICT_IDENTICAL,
     VERDICT_NEAR_TIE,
@@ -48,6 +48,7 @@ from bench.greedy import (
     record_greedy,
 )
 from bench.server_metrics import fetch_metrics, spec_delta
+from recipekit import apikey
 
 DEFAULT_PROMPTS = (
     "Write a short paragraph about why lighthouses were painted in bold stripes.",
@@ -76,11 +77,13 @@ def load_prompts(path: str | None) -> list[str]:
     return found
 
 
-async def _model_of(session: aiohttp.ClientSession, url: str, model: str | None) -> str:
+async def _model_of(session: aiohttp.ClientSession, url: str, model: str | None,
+                    key: apikey.ClientKey | None = None) -> str:
     """The model the server at URL serves, after the bench's preflight (/health, then
-    /v1/models: vLLM's model list answers for seconds after its engine died)."""
+    /v1/models: vLLM's model list answers for seconds after its engine died; KEY: where the
+    session's API key came from, for a 401's line)."""
     try:
-        served, _, _ = await server_identity(session, url, model)
+        served, _, _ = await server_identity(session, url, model, key=key)
     except BenchError as exc:
         raise ReceiptError(str(exc)) from exc
     return served
@@ -92,8 +95,8 @@ def _user(prompt: str) -> list[dict]:
 
 async def lossless(client, opts, prompts) -> tuple[list[Comparison], list[str]]:
     drafted, undrafted = opts.drafted.rstrip("/"), opts.undrafted.rstrip("/")
-    model_d = await _model_of(client, drafted, opts.model)
-    model_u = await _model_of(client, undrafted, opts.model)
+    model_d = await _model_of(client, drafted, opts.model, opts.key)
+    model_u = await _model_of(client, undrafted, opts.model, opts.key)
     before = [await fetch_metrics(client, drafted), await fetch_metrics(client, undrafted)]
     comparisons = []
     for prompt in prompts:
@@ -118,7 +121,7 @@ async def lossless(client, opts, prompts) -> tuple[list[Comparison], list[str]]:
 
 async def solo_vs_concurrent(client, opts, prompts) -> tuple[list[Comparison], list[str]]:
     url = opts.url.rstrip("/")
-    model = await _model_of(client, url, opts.model)
+    model = await _model_of(client, url, opts.model, opts.key)
     # every request is salted so that neither side is served from the other's prefix cache
     solo = [await record_greedy(client, url, model, _user(p), opts.max_tokens, _salt())
             for p in prompts]
@@ -129,7 +132,7 @@ async def solo_vs_concurrent(client, opts, prompts) -> tuple[list[Comparison], l
 
 async def resumed_vs_fresh(client, opts, prompts) -> tuple[list[Comparison], list[str]]:
     url = opts.url.rstrip("/")
-    model = await _model_of(client, url, opts.model)
+    model = await _model_of(client, url, opts.model, opts.key)
     comparisons = []
     for prompt in prompts:
         first = await record_greedy(client, url, model, _user(prompt), opts.max_tokens)
@@ -161,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             p.add_argument("--url", default="http://127.0.0.1:8000")
         p.add_argument("--model", help="model id (default: the one /v1/models lists)")
+        apikey.add_client_argument(p)
         p.add_argument("--max-tokens", type=int, default=128)
         p.add_argument("--near-tie-nats", type=float, default=0.25,
                        help="top-2 margin under which a difference is a near-tie (default 0.25)")
@@ -182,7 +186,11 @@ def main(argv: list[str] | None = None) -> int:
 
     async def take() -> tuple[list[Comparison], list[str]]:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10.0, sock_read=opts.timeout)
-        async with aiohttp.ClientSession(timeout=timeout) as client:
+        try:
+            opts.key = api_key_of(opts.api_key_file)
+        except BenchError as exc:
+            raise ReceiptError(str(exc)) from exc
+        async with aiohttp.ClientSession(timeout=timeout, headers=opts.key.headers()) as client:
             return await RECEIPTS[opts.receipt](client, opts, prompts)
 
     try:
@@ -203,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{opts.receipt}: {'PASS' if passed else 'FAIL'} ({identical} identical, {near} "
           f"near-tie, {len(comparisons) - identical - near} different, of {len(comparisons)})")
     if opts.json_path:
-        settings = {k: v for k, v in vars(opts).items() if k != "json_path"}
+        settings = {k: v for k, v in vars(opts).items() if k not in ("json_path", "key")}
         Path(opts.json_path).write_text(json.dumps({
             "receipt": opts.receipt, "passed": passed, "settings": settings,
             "sides": [side_a, side_b], "problems": problems,

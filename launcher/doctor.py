@@ -18,7 +18,7 @@ import re
 import shutil
 import subprocess
 
-from launcher import plan, preflight
+from launcher import apikey, plan, preflight
 from launcher.checks import Checked
 from launcher.serve import nodes_of
 from launcher.settings import Failed
@@ -203,8 +203,19 @@ class Doctor:
         """Whether the API answers; a model id or length other than the settings' is counted."""
         port = self.checked["PORT"]
         url = f"http://127.0.0.1:{port}/v1/models"
-        body = self.nodes.output(0, plan.api_models_argv(port))
-        if body is None:
+        key = apikey.key_of_client(self.checked)
+        asked = subprocess.run(plan.api_models_argv(port, key is not None), text=True,
+                               input=apikey.curl_config(key), capture_output=True, check=False)
+        body, _, status = asked.stdout.rpartition("\n")
+        if status == "401":
+            finding(f"API {url} answers 401 Unauthorized: " + (
+                f"the key in {self.checked['API_KEY_FILE']} (API_KEY_FILE) is not the one the "
+                "API was started with; ./stop.sh, then ./run.sh serves that file's key" if key
+                else "it was started with an API key and API_AUTH=none sends none; set "
+                "API_AUTH=key and API_KEY_FILE to the file it was started with"))
+            self.mismatches += 1
+            return True
+        if asked.returncode != 0 or status != "200":
             finding(f"API {url} does not answer (yet: a GB10 boot takes 15-21 minutes)")
             return False
         try:

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher import pins
+from launcher import apikey, pins
 from launcher.checks import Checked, image_switches
 from launcher.drafter import cksum
 from launcher.remote import Nodes
@@ -366,7 +366,11 @@ def rank_options(launch: Launch, rank: int) -> list[tuple[str, str]]:
     for name, entry in fixed.items():
         if name not in placed and (entry.when != "multi-node" or multi_node):
             options.append(_env(name, entry.value))
-    return options + [("--env", word) for word in launch.checked.words["EXTRA_ENV"]]
+    options += [("--env", word) for word in launch.checked.words["EXTRA_ENV"]]
+    if rank == 0 and apikey.keyed(launch.checked):
+        # VLLM_API_KEY from a 0600 file written just before `docker run` (launcher/apikey.py)
+        options.append(("--env-file", apikey.ENV_FILE_PLACEHOLDER))
+    return options
 
 
 def rank_plan(launch: Launch, rank: int) -> RankPlan:
@@ -438,15 +442,27 @@ def serve_containers_argv() -> list[str]:
 READY_PATHS = {"health": "/health", "models": "/v1/models"}
 
 
-def api_probe_argv(port: str, check: str = "models") -> list[str]:
-    return ["curl", "--silent", "--fail", "--output", "/dev/null", "--max-time", "5",
-            f"http://127.0.0.1:{port}{READY_PATHS[check]}"]
+def keyed_path(path: str) -> bool:
+    """Whether vLLM asks PATH for the API key (launcher/apikey.py: /health is open)."""
+    return path.startswith("/v1")
 
 
-def self_check_argv(root: Path, port: str) -> list[str]:
-    """The start-up self-check on the head, after ready (launcher/selfcheck.py)."""
+def key_from_stdin(keyed: bool) -> list[str]:
+    """curl reads its config, the Authorization header, from stdin: never from its argv."""
+    return ["--config", "-"] if keyed else []
+
+
+def api_probe_argv(port: str, check: str = "models", keyed: bool = False) -> list[str]:
+    path = READY_PATHS[check]
+    return ["curl", "--silent", "--fail", *key_from_stdin(keyed and keyed_path(path)),
+            "--output", "/dev/null", "--max-time", "5", f"http://127.0.0.1:{port}{path}"]
+
+
+def self_check_argv(root: Path, port: str, key_file: str | None = None) -> list[str]:
+    """The start-up self-check on the head, after ready (launcher/selfcheck.py); KEY_FILE:
+    the API key's file it reads (the key itself on no argv)."""
     return ["python3", str(root / "launcher" / "entry.py"), "self-check",
-            f"http://127.0.0.1:{port}"]
+            f"http://127.0.0.1:{port}", *(("--api-key-file", key_file) if key_file else ())]
 
 
 def api_health_argv(port: str) -> list[str]:
@@ -455,9 +471,11 @@ def api_health_argv(port: str) -> list[str]:
             "--max-time", "5", f"http://127.0.0.1:{port}/health"]
 
 
-def api_models_argv(port: str) -> list[str]:
-    """The same request, printing the model list."""
-    return ["curl", "--silent", "--fail", "--max-time", "5", f"http://127.0.0.1:{port}/v1/models"]
+def api_models_argv(port: str, keyed: bool = False) -> list[str]:
+    """GET /v1/models printing the model list, then a line with the HTTP status (a 401 is
+    told apart); KEYED: the key comes on stdin."""
+    return ["curl", "--silent", *key_from_stdin(keyed), "--write-out", "\n%{http_code}",
+            "--max-time", "5", f"http://127.0.0.1:{port}/v1/models"]
 
 
 # One JSON object, so that the argv and the environment (lists of words) parse apart.
@@ -539,7 +557,8 @@ def startup_line(launch: Launch, drafter_phrase: str) -> str:
     return (f"model {model}, {drafter}, context {launch['MAX_MODEL_LEN']}, "
             f"{launch['MAX_NUM_SEQS']} seqs, {mode}, KV pin {kv} bytes ({gib(int(kv))} GiB "
             f"{launch['KV_CACHE_DTYPE']}){weights_phrase(launch)}, {image}, nodes "
-            f"{' '.join(launch.nodes.addresses)} (TP={launch['TP']})")
+            f"{' '.join(launch.nodes.addresses)} (TP={launch['TP']}); "
+            f"{apikey.startup_phrase(launch.checked)}")
 
 
 def image_switches_on(launch: Launch) -> list[str]:

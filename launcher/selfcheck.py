@@ -6,8 +6,9 @@ it finds (SELF_CHECK=0 in recipe.toml turns it off).
 
 A small client of the standard library (urllib): the launcher imports nothing of bench/.
 The counts and the verdict are recipekit/text_integrity.py's, as bench/probes.py's
-multibyte probe counts them (docs/probes.md). An API key in the environment variable
-OPENAI_API_KEY is sent as `Authorization: Bearer KEY`, and shown nowhere.
+multibyte probe counts them (docs/probes.md). The API key (--api-key-file FILE, else
+OPENAI_API_KEY, else the recipe's default key file: recipekit/apikey.py) is sent as
+`Authorization: Bearer KEY`, and shown nowhere.
 
 Exit code: 0 clean, 1 fault, 2 could not run (the line says why), 3 inconclusive.
 """
@@ -15,12 +16,12 @@ Exit code: 0 clean, 1 fault, 2 could not run (the line says why), 3 inconclusive
 from __future__ import annotations
 
 import json
-import os
 import sys
 import urllib.error
 import urllib.request
 
 from recipekit import text_integrity as integrity
+from recipekit.apikey import ClientKey, KeyFileError, client_key
 
 # 700 tokens on a Spark: about 25 s at the seed's 28 tok/s; a generous wait for slower ones
 TIMEOUT_S = 600
@@ -33,20 +34,23 @@ CAUSE = ("likely corrupted token ids: with a ModelOpt NVFP4 checkpoint (LibertAI
          "is the way out")
 
 
+NO_KEY = ClientKey(None, "no key given")
+
+
 class CheckFailed(Exception):
     """No answer to judge; the message says what came back instead."""
 
 
-def _request(url: str, body: dict | None = None) -> dict:
-    headers = {"Content-Type": "application/json"}
-    if key := os.environ.get("OPENAI_API_KEY"):
-        headers["Authorization"] = f"Bearer {key}"
+def _request(url: str, key: ClientKey, body: dict | None = None) -> dict:
+    headers = {"Content-Type": "application/json", **key.headers()}
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(url, data=data, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=TIMEOUT_S) as reply:
             raw = reply.read()
     except urllib.error.HTTPError as error:
+        if error.code == 401:
+            raise CheckFailed(key.unauthorized(url)) from None
         detail = error.read()[:300].decode("utf-8", "replace")
         raise CheckFailed(f"HTTP {error.code} from {url}: {detail}") from None
     except (urllib.error.URLError, OSError) as error:
@@ -58,15 +62,15 @@ def _request(url: str, body: dict | None = None) -> dict:
                           f"{raw[:120].decode('utf-8', 'replace')!r}") from None
 
 
-def _model(base: str) -> str:
-    models = _request(base + "/v1/models")
+def _model(base: str, key: ClientKey) -> str:
+    models = _request(base + "/v1/models", key)
     try:
         return models["data"][0]["id"]
     except (KeyError, IndexError, TypeError):
         raise CheckFailed(f"{base}/v1/models lists no model: {json.dumps(models)[:120]}") from None
 
 
-def _answer(base: str, model: str) -> tuple[dict, bool]:
+def _answer(base: str, model: str, key: ClientKey) -> tuple[dict, bool]:
     """The field's prompt answered, with token bytes when the server gives logprobs;
     (the choice, whether logprobs were asked)."""
     body = {"model": model, "messages": [{"role": "user", "content": integrity.FIELD_PROMPT}],
@@ -74,12 +78,12 @@ def _answer(base: str, model: str) -> tuple[dict, bool]:
             "chat_template_kwargs": {"enable_thinking": False}, "logprobs": True}
     url = base + "/v1/chat/completions"
     try:
-        answer, asked = _request(url, body), True
+        answer, asked = _request(url, key, body), True
     except CheckFailed as refused:
         if not str(refused).startswith("HTTP 400"):
             raise
         del body["logprobs"]   # a server that does not give logprobs (a drafter's, say)
-        answer, asked = _request(url, body), False
+        answer, asked = _request(url, key, body), False
     try:
         return answer["choices"][0], asked
     except (KeyError, IndexError, TypeError):
@@ -96,11 +100,11 @@ def _token_bytes(choice: dict) -> list | None:
     return found if all(isinstance(b, list) for b in found) else None
 
 
-def check(base: str) -> tuple[int, str, str | None]:
+def check(base: str, key: ClientKey = NO_KEY) -> tuple[int, str, str | None]:
     """(exit code, the one line, the warning or None) of one self-check against BASE."""
     base = base.rstrip("/").removesuffix("/v1")
     try:
-        choice, _ = _answer(base, _model(base))
+        choice, _ = _answer(base, _model(base, key), key)
     except CheckFailed as failed:
         return (COULD_NOT_RUN, f"{PREFIX}self-check could not run: {failed}; the ranks keep "
                                "running", None)
@@ -122,10 +126,19 @@ def check(base: str) -> tuple[int, str, str | None]:
 
 
 def main(argv: list[str]) -> int:
+    key_file = None
+    if len(argv) == 3 and argv[1] == "--api-key-file":
+        argv, key_file = argv[:1], argv[2]
     if len(argv) != 1 or not argv[0].startswith(("http://", "https://")):
-        print("usage: launcher/entry.py self-check http://HOST:PORT", file=sys.stderr)
+        print("usage: launcher/entry.py self-check http://HOST:PORT [--api-key-file FILE]",
+              file=sys.stderr)
         return 64
-    code, line, warning = check(argv[0])
+    try:
+        key = client_key(key_file)
+    except KeyFileError as error:
+        print(f"{PREFIX}self-check could not run: {error}", flush=True)
+        return COULD_NOT_RUN
+    code, line, warning = check(argv[0], key)
     print(line, flush=True)
     if warning:
         print(warning, file=sys.stderr, flush=True)

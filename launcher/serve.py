@@ -15,8 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-from launcher import (extra_args, gpus, memguard, pins, plan, preflight, scan_verdict,
-                      steps)
+from launcher import (apikey, extra_args, gpus, memguard, pins, plan, preflight,
+                      scan_verdict, steps)
 from launcher.checks import Checked
 from launcher.remote import Nodes
 from launcher.settings import Failed, Refused, RefusedAbove, refusal
@@ -100,6 +100,7 @@ class Serving:
         self.ready = False
         self.guard: memguard.MemoryGuard | None = None
         self.run_dir: Path | None = None
+        self.api_key: str | None = None
 
     def __getitem__(self, name: str) -> str:
         return self.checked[name]
@@ -109,6 +110,7 @@ class Serving:
                           ("curl", " (the readiness wait polls the API with it)")):
             if not shutil.which(tool):
                 raise Failed(f"{tool} is not installed on the head{why}")
+        self.api_key = apikey.key_of_run(self.checked, say)  # a loose key file: refused here
         self.check_no_running_ranks()
         gpus.check(self.nodes, self["TP"])
         self.prepare_nodes()
@@ -381,7 +383,14 @@ class Serving:
         self.ranks_started = True
         for rank in self.plan.ranks:
             say(f"starting rank {rank.rank} on {self.nodes.label(rank.rank)}")
-            if self.nodes.run(rank.rank, rank.docker_argv(), capture=True).returncode != 0:
+            argv = rank.docker_argv()
+            if apikey.ENV_FILE_PLACEHOLDER in argv:  # the head's rank: docker reads the key
+                with apikey.server_env_file(self.api_key) as env_file:  # file, then it is gone
+                    started = self.nodes.run(rank.rank, apikey.with_env_file(argv, env_file),
+                                             capture=True)
+            else:
+                started = self.nodes.run(rank.rank, argv, capture=True)
+            if started.returncode != 0:
                 raise Failed(f"docker run failed for rank {rank.rank} on {rank.node}")
 
     def start_memory_guard(self) -> None:
@@ -463,7 +472,9 @@ class Serving:
                 status = self.rank_status(index)
                 if status != "running":
                     self.report_dead_rank(index, status)
-            answered = subprocess.run(plan.api_probe_argv(port, check), check=False).returncode == 0
+            probe = plan.api_probe_argv(port, check, self.api_key is not None)
+            config = apikey.curl_config(self.api_key) if "--config" in probe else None
+            answered = subprocess.run(probe, input=config, text=True, check=False).returncode == 0
             healthy = healthy + 1 if answered else 0
             if healthy >= needed:
                 self.ready = True

@@ -10,7 +10,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass, field
 
-from launcher import extra_args, gpus, memguard, plan, preflight
+from launcher import apikey, extra_args, gpus, memguard, plan, preflight
 from recipekit import baselock
 from recipekit.text_integrity import FIELD_MAX_TOKENS
 from launcher.plan import UNPINNED, Launch, Plan
@@ -203,6 +203,8 @@ def ranks(the_plan: Plan) -> list[Step]:
     launch = the_plan.launch
     leftovers = stop_steps(launch.nodes, "remove the exited serve containers an earlier run left "
                                          "(kept for their logs until nothing can refuse)")
+    key = ([Step(apikey.dry_run_comment(launch.checked))] if apikey.keyed(launch.checked)
+           else [])
     start = Step("start one rank per node, head first")
     for rank in the_plan.ranks:
         start.on(rank.rank, rank.docker_argv())
@@ -213,10 +215,13 @@ def ranks(the_plan: Plan) -> list[Step]:
     else:
         wait = Step(f"wait: poll the API every {launch['POLL_SECONDS']} s (up to "
                     f"{launch['READY_TIMEOUT']} s) while every rank is running; a dead rank stops all")
-    wait.on(0, plan.api_probe_argv(launch["PORT"], launch["READY_CHECK"]))
+    probe = plan.api_probe_argv(launch["PORT"], launch["READY_CHECK"], apikey.keyed(launch.checked))
+    if "--config" in probe:
+        wait.comment += f"; curl reads the Authorization header on stdin, from {launch['API_KEY_FILE']}"
+    wait.on(0, probe)
     for index in _each_node(launch):
         wait.on(index, plan.container_status_argv(index))
-    return [*leftovers, start, *memory_guard(launch), wait, *self_check(the_plan)]
+    return [*leftovers, *key, start, *memory_guard(launch), wait, *self_check(the_plan)]
 
 
 def self_check(the_plan: Plan) -> list[Step]:
@@ -226,7 +231,9 @@ def self_check(the_plan: Plan) -> list[Step]:
                  f"({FIELD_MAX_TOKENS} tokens, greedy), its U+FFFD, lone surrogate, control "
                  "character and invalid token-byte counts in one line; a fault warns, naming "
                  "the likely cause, and the ranks keep running (SELF_CHECK=0: no check)")
-            .on(0, plan.self_check_argv(the_plan.root, the_plan.launch["PORT"]))]
+            .on(0, plan.self_check_argv(
+                the_plan.root, the_plan.launch["PORT"],
+                the_plan.launch["API_KEY_FILE"] if apikey.keyed(the_plan.launch.checked) else None))]
 
 
 def run_steps(the_plan: Plan) -> list[Step]:

@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from launcher import plan, serve
@@ -136,9 +136,24 @@ class BootEnded(Exception):
     """The boot could not be measured to the end (its record says why)."""
 
 
-def measurements(boot: str, url: str, options: Options, run_dir: RunDir) -> list[Measurement]:
+def key_file_of(side: Side) -> str | None:
+    """The API key file SIDE's server was started with (API_AUTH=key), which every
+    measurement reads; None when it serves open."""
+    return side.values["API_KEY_FILE"] if side.values["API_AUTH"] == "key" else None
+
+
+def measurements(boot: str, url: str, options: Options, run_dir: RunDir,
+                 key_file: str | None = None) -> list[Measurement]:
     """What BOOT is measured with, in order: the quality gate's step, the receipts, the bench,
-    the integrity probes."""
+    the integrity probes (each told KEY_FILE, the server's API key file, by its path: the key
+    is on no argv)."""
+    found = _measurements(boot, url, options, run_dir)
+    if key_file is None:
+        return found
+    return [replace(m, argv=(*m.argv, "--api-key-file", key_file)) for m in found]
+
+
+def _measurements(boot: str, url: str, options: Options, run_dir: RunDir) -> list[Measurement]:
     folder, python = run_dir.boot_dir(boot), sys.executable
     command = BOOTS[boot][1]
     quality = [python, str(BENCH / "quality.py"), command, "--url", url,
@@ -293,7 +308,8 @@ class Boot:
             self.record["status"] = "measuring"
             self.say(f"ready after {minutes(self.record['boot_s'])}")
             self.save()
-            for measurement in measurements(self.boot, self.side.url, self.options, self.run_dir):
+            for measurement in measurements(self.boot, self.side.url, self.options, self.run_dir,
+                                            key_file_of(self.side)):
                 self.measure(measurement)
             self.record["status"] = FINISHED
         except BootEnded as ended:

@@ -213,7 +213,8 @@ def print_dry_run(reference: sides.Side, candidate: sides.Side, options: Options
         print(f"# {PREFIX}boot {index} of {len(BOOTS)}, {boot}: {side.describe()}", flush=True)
         serve.run(side.checked, ROOT)
         print(f"# {PREFIX}{boot}'s measurements against {side.url}")
-        for measurement in boots.measurements(boot, side.url, options, placeholder):
+        for measurement in boots.measurements(boot, side.url, options, placeholder,
+                                              boots.key_file_of(side)):
             print(quote(list(measurement.argv)))
         print(f"# {PREFIX}stop {boot}", flush=True)
         serve.stop(side.checked)

@@ -46,9 +46,17 @@ def engine_command(docker: list[str], home: Path) -> tuple[list[str], dict[str, 
     return [str(venv.vllm_command), *apply_overrides(argv, changes)], env
 
 
+def env_file_variables(argv_file: Path) -> dict[str, str]:
+    """The variables of the rank's `docker run --env-file` (the head's VLLM_API_KEY), which
+    tests/fakes/fake-docker read when the rank started, as docker reads them."""
+    saved = argv_file.with_name(argv_file.name.removesuffix(".argv.json") + ".env-file.json")
+    return json.loads(saved.read_text()) if saved.exists() else {}
+
+
 def main(argv_file: str) -> None:
     argv, env = engine_command(json.loads(Path(argv_file).read_text()),
                                Path(argv_file).parent / "home")
+    env.update(env_file_variables(Path(argv_file)))
     print(f"$ {' '.join(argv)}", flush=True)
     os.execve(argv[0], argv, env)
 

@@ -10,7 +10,9 @@ Run it like vLLM:
 
 Flags it does not know are ignored. Of vLLM's own flags it honours `--host` (default
 127.0.0.1, loopback unlike vLLM), `--port` (default 8000; 0 picks a free one),
-`--served-model-name` (each name listed by /v1/models), `--model`, `--headless` (serve
+`--served-model-name` (each name listed by /v1/models), `--api-key` (else VLLM_API_KEY: the
+paths starting /v1 answer 401 without `Authorization: Bearer KEY`, as vLLM's do; /health,
+/metrics, /version and /tokenize stay open), `--model`, `--headless` (serve
 no HTTP, stay alive until SIGTERM) and `--speculative-config` (its `num_speculative_tokens`
 turns drafting on; invalid JSON exits 1, as vLLM would). SIGTERM or SIGINT ends it cleanly
 with exit code 0 in every mode.
@@ -210,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--served-model-name", nargs="+")
+    parser.add_argument("--api-key")
     parser.add_argument("--headless", action="store_true")
     parser.add_argument("--speculative-config")
     parser.add_argument("--step-seconds", type=float,
@@ -319,6 +322,7 @@ class Program:
     prefix_block: int = 0  # 0: no prefix cache modelled
     prompt_tokens_details: bool = False
     prefill_tok_s: float = 0.0  # 0: prefill takes no time
+    api_key: str = ""
 
 
 def program_from_args(args: argparse.Namespace) -> Program:
@@ -347,6 +351,7 @@ def program_from_args(args: argparse.Namespace) -> Program:
         raise SystemExit("fake_vllm: need --step-seconds > 0, --ttft-seconds >= 0 and "
                          "--first-chunk-tokens >= 1")
     return Program(
+        api_key=args.api_key or os.environ.get("VLLM_API_KEY", ""),
         model=model,
         served_name=(args.served_model_name or [model])[0],
         served_names=list(args.served_model_name or [model]),
@@ -1312,7 +1317,7 @@ class FakeServer:
                 if request is None:
                     break
                 method, path, headers, body = request
-                keep = await self.route(method, path, body, writer)
+                keep = await self.route(method, path, body, writer, headers)
                 await writer.drain()
                 if not keep or headers.get("connection", "").lower() == "close":
                     break
@@ -1322,8 +1327,12 @@ class FakeServer:
             with contextlib.suppress(Exception):
                 writer.close()
 
-    async def route(self, method: str, path: str, body: bytes, writer) -> bool:
+    async def route(self, method: str, path: str, body: bytes, writer, headers=None) -> bool:
         program = self.state.program
+        if program.api_key and path.startswith("/v1") and (headers or {}).get(
+                "authorization") != f"Bearer {program.api_key}":
+            writer.write(_json_response(401, {"error": "Unauthorized"}))  # as vLLM 0.30.0
+            return True
         if method == "POST":
             self.posts += 1
             if self.dies_at_request and self.posts >= self.dies_at_request:

@@ -24,11 +24,18 @@ MODELS = {"object": "list", "data": [{"id": "glm-5.3-flash", "object": "model",
                                       "max_model_len": 327680}]}
 DOCTOR_CURL = """#!/bin/sh
 # With a planted model list the API answers: /health with the planted status (200 unless
-# health holds another), /v1/models with the list; otherwise "connection refused" (exit 7).
+# health holds another), /v1/models with the list and a status line (200 unless
+# models-status holds another; the config curl read on stdin goes to curl-config);
+# otherwise "connection refused" (exit 7).
 [ -f "$FAKE_DOCKER_STATE/models.json" ] || exit 7
 case "$*" in
   *"/health"*) cat "$FAKE_DOCKER_STATE/health" 2>/dev/null || printf 200 ;;
-  *) cat "$FAKE_DOCKER_STATE/models.json" ;;
+  *) case "$*" in *"--config -"*) cat >"$FAKE_DOCKER_STATE/curl-config" ;; esac
+     if [ -f "$FAKE_DOCKER_STATE/models-status" ]; then
+       printf '{"error": "Unauthorized"}\n%s' "$(cat "$FAKE_DOCKER_STATE/models-status")"
+     else
+       cat "$FAKE_DOCKER_STATE/models.json"; printf '\n200'
+     fi ;;
 esac
 """
 
@@ -40,15 +47,19 @@ def started_cluster(tmp_path_factory):
     state = make_cluster(tmp_path)
     started = serve(tmp_path, state, FAKE_CURL_READY_AFTER=1)
     assert started.returncode == 0, started.stderr
-    return {node: (state / f"{node}.json").read_text() for node in ("head", WORKER)}
+    return {node: (state / f"{node}.json").read_text() for node in ("head", WORKER)}, \
+        (tmp_path / "api-key").read_text()
 
 
 @pytest.fixture
 def cluster(tmp_path, started_cluster):
     """A copy of the started cluster for one test; returns its state directory."""
     state = make_cluster(tmp_path)
-    for node, text in started_cluster.items():
+    nodes, key = started_cluster
+    for node, text in nodes.items():
         (state / f"{node}.json").write_text(text)
+    (tmp_path / "api-key").write_text(key)  # the key file run.sh wrote, 0600 as it wrote it
+    (tmp_path / "api-key").chmod(0o600)
     curl = sealed_bin(tmp_path) / "curl"
     curl.unlink()
     curl.write_text(DOCTOR_CURL)
@@ -287,3 +298,22 @@ def test_an_unreadable_inspect_fails_closed_in_one_line(tmp_path, cluster):
     assert result.returncode == 1
     assert result.stderr == (f"glm53: cannot read docker inspect of glm53-rank0 on {HEAD}: "
                              "running sha256:1 [\"serve\"]\n")
+
+
+def test_the_doctor_sends_the_key_on_curls_stdin(tmp_path, cluster):
+    result = doctor(tmp_path, cluster)
+    assert result.returncode == 0, result.stderr
+    key = (tmp_path / "api-key").read_text().strip()
+    assert (cluster / "curl-config").read_text() == f'header = "Authorization: Bearer {key}"\n'
+    assert key not in result.stdout + result.stderr
+
+
+def test_a_401_says_the_key_file_is_not_the_served_one(tmp_path, cluster):
+    (cluster / "models-status").write_text("401")
+    result = doctor(tmp_path, cluster)
+    assert result.returncode == 5
+    assert result.stdout.splitlines()[-2:] == [
+        "doctor: API http://127.0.0.1:8000/v1/models answers 401 Unauthorized: the key in "
+        f"{tmp_path / 'api-key'} (API_KEY_FILE) is not the one the API was started with; "
+        "./stop.sh, then ./run.sh serves that file's key",
+        "doctor: state mismatch (exit 5)"]

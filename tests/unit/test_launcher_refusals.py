@@ -154,6 +154,8 @@ REFUSALS = [
      f"EXTRA_ENV=LD_PRELOAD=/tmp/x.so: LD_PRELOAD is not an engine variable; accepted: names starting with {ENV_PREFIXES}"),
     ({"EXTRA_ENV": "VLLM_X='unclosed"}, f"EXTRA_ENV=VLLM_X='unclosed: {WORDS_WHY}"),
     ({"JIT_CACHE": "jit"}, f"JIT_CACHE=jit: {PATH_WHY}"),
+    ({"API_AUTH": "off"}, "API_AUTH=off: who may use the API; accepted: key | none"),
+    ({"API_KEY_FILE": "api\nkey"}, "API_KEY_FILE=api\\nkey: accepted: a path without control characters"),
     ({"RUNS_DIR": "runs\tnow"}, "RUNS_DIR=runs\tnow: accepted: a directory (relative to the repository, or absolute)"),
     ({"MEM_GUARD": "on"}, "MEM_GUARD=on: accepted: 0 | 1"),
     ({"SELF_CHECK": "yes"}, "SELF_CHECK=yes: accepted: 0 | 1"),

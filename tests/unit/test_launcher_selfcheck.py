@@ -78,7 +78,10 @@ def test_no_server_is_one_line_and_not_a_verdict():
     assert line.endswith("; the ranks keep running") and "\n" not in line
 
 
-def test_an_api_key_in_the_environment_is_sent_and_shown_nowhere(monkeypatch, capsys):
+@pytest.mark.parametrize("source", ["environment", "file"])
+def test_the_api_key_is_sent_and_shown_nowhere(monkeypatch, capsys, tmp_path, source):
+    """From OPENAI_API_KEY, or from --api-key-file (how run.sh calls it with API_AUTH=key); a
+    wrong key's 401 is one line naming where the key came from."""
     seen = []
     answer = "가나다라마바사아자차카타파하 " * 40
 
@@ -86,7 +89,7 @@ def test_an_api_key_in_the_environment_is_sent_and_shown_nowhere(monkeypatch, ca
         def reply(self, doc):
             seen.append((self.path, self.headers.get("Authorization")))
             data = json.dumps(doc).encode()
-            self.send_response(200)
+            self.send_response(200 if seen[-1][1] == "Bearer sk-probe-secret" else 401)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
@@ -103,24 +106,44 @@ def test_an_api_key_in_the_environment_is_sent_and_shown_nowhere(monkeypatch, ca
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Server)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    monkeypatch.setenv("OPENAI_API_KEY", "sk-probe-secret")
+    url = f"http://127.0.0.1:{server.server_port}"
+    key_file, wrong_file = tmp_path / "api-key", tmp_path / "wrong-key"
+    for path, key in ((key_file, "sk-probe-secret"), (wrong_file, "sk-wrong")):
+        path.write_text(key + "\n")
+        path.chmod(0o600)
+    if source == "environment":
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-probe-secret")
+        argv = [url]
+    else:
+        monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+        argv = [url, "--api-key-file", str(key_file)]
     try:
-        code = selfcheck.main([f"http://127.0.0.1:{server.server_port}"])
+        code = selfcheck.main(argv)
+        out = capsys.readouterr()
+        wrong = selfcheck.main([url, "--api-key-file", str(wrong_file)])
+        refused = capsys.readouterr()
     finally:
         server.shutdown()
         server.server_close()
-    out = capsys.readouterr()
     assert code == selfcheck.CLEAN
-    assert seen == [("/v1/models", "Bearer sk-probe-secret"),
-                    ("/v1/chat/completions", "Bearer sk-probe-secret")]
+    assert seen[:2] == [("/v1/models", "Bearer sk-probe-secret"),
+                        ("/v1/chat/completions", "Bearer sk-probe-secret")]
     assert "sk-probe-secret" not in out.out + out.err
+    assert wrong == selfcheck.COULD_NOT_RUN
+    assert refused.out == (f"glm53: self-check could not run: {url}/v1/models answered 401 "
+                           f"Unauthorized: the key from {wrong_file} is not the server's; pass "
+                           "--api-key-file with the file the server was started with "
+                           "(API_KEY_FILE); the ranks keep running\n")
+    assert "sk-wrong" not in refused.out + refused.err
 
 
 def test_dry_run_shows_the_step_and_self_check_0_leaves_it_out(tmp_path):
     shown = dry_run(tmp_path, SELF_CHECK=1).splitlines()
     assert shown[-2].startswith("# once ready, on the head: one Korean answer to the field's "
                                 "prompt (700 tokens, greedy)")
-    assert shown[-1] == f"python3 {REPO}/launcher/entry.py self-check http://127.0.0.1:8000"
+    assert shown[-1].startswith(f"python3 {REPO}/launcher/entry.py self-check "
+                                "http://127.0.0.1:8000 --api-key-file ")
+    assert shown[-1].endswith("/api-key")
     off = dry_run(tmp_path, SELF_CHECK=0)
     assert "self-check" not in off and off.splitlines() == shown[:-2]
 

@@ -48,6 +48,7 @@ def launcher_env(tmp_path, nodes=2, **settings):
         "HOME": HOME,
         "CLUSTER_ENV": str(tmp_path / "no-cluster.env"),
         "PINS_FILE": str(tmp_path / "pins.env"),
+        "API_KEY_FILE": str(tmp_path / "api-key"),
         "NODES": " ".join(NODES[:nodes]),
         "IFACE": "ifx0",
         "HCA": "hca0",

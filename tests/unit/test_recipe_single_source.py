@@ -147,9 +147,11 @@ def test_no_file_but_recipe_toml_defines_or_defaults_a_knob():
 
 
 # What the launcher reads of its environment that is not a knob: the settings file's name,
-# the home directory a leading ~/ stands for, and the API key the self-check sends (a
-# secret: a knob's value is printed by DRY_RUN and the docs).
-NOT_KNOBS = {"CLUSTER_ENV", "HOME", "OPENAI_API_KEY"}
+# the home directory a leading ~/ stands for; the API key the self-check may read from the
+# environment (a secret: a knob's value is printed by DRY_RUN and the docs); VLLM_API_KEY:
+# rank 0's API key, from API_AUTH and API_KEY_FILE through `docker run --env-file`
+# (launcher/apikey.py), never an `--env` a knob declares.
+NOT_KNOBS = {"CLUSTER_ENV", "HOME", "OPENAI_API_KEY", "VLLM_API_KEY"}
 
 
 def test_the_launcher_reads_no_setting_the_recipe_does_not_define():
