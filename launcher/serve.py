@@ -110,9 +110,10 @@ class Serving:
                           ("curl", " (the readiness wait polls the API with it)")):
             if not shutil.which(tool):
                 raise Failed(f"{tool} is not installed on the head{why}")
-        self.api_key = apikey.key_of_run(self.checked, say)  # a loose key file: refused here
         self.check_no_running_ranks()
         gpus.check(self.nodes, self["TP"])
+        # after the read-only checks, so that their refusals leave no new key file behind
+        self.api_key = apikey.key_of_run(self.checked, say)  # a loose key file: refused here
         self.prepare_nodes()
         self.check_boot_memory()
         image_id = self.ensure_images()
@@ -146,7 +147,8 @@ class Serving:
         whatever it finds, the ranks keep running. Ctrl-C ends the check, not the server."""
         signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
-            self.nodes.run(0, plan.self_check_argv(self.root, self["PORT"]))
+            self.nodes.run(0, plan.self_check_argv(
+                self.root, self["PORT"], self["API_KEY_FILE"] if self.api_key else None))
         except KeyboardInterrupt:
             warn("self-check interrupted; the ranks keep running (./stop.sh stops them)")
 

@@ -72,7 +72,7 @@ curl --silent --fail --output /dev/null --max-time 5 http://127.0.0.1:8000/healt
 docker inspect --format '{{.State.Status}}' glm53-rank0
 ssh -o BatchMode=yes 192.0.2.2 'docker inspect --format '\''{{.State.Status}}'\'' glm53-rank1'
 # once ready, on the head: one Korean answer to the field's prompt (700 tokens, greedy), its U+FFFD, lone surrogate, control character and invalid token-byte counts in one line; a fault warns, naming the likely cause, and the ranks keep running (SELF_CHECK=0: no check)
-python3 {repo}/launcher/entry.py self-check http://127.0.0.1:8000
+python3 {repo}/launcher/entry.py self-check http://127.0.0.1:8000 --api-key-file {tmp}/api-key
 """
 
 MODEL = "LibertAIDAI/GLM-5.3-Flash-NVFP4"

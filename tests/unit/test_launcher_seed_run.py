@@ -166,18 +166,26 @@ def differences(rank, argv):
     return found
 
 
+# rank 0 alone serves the API: its key (VLLM_API_KEY) comes from a 0600 file, never from argv
+RANK0_DIFFERENCES = {("docker", "--env-file"): "added"}
+
+
+def listed(rank: int, differences_of_every_rank: dict) -> dict:
+    return {**differences_of_every_rank, **(RANK0_DIFFERENCES if rank == 0 else {})}
+
+
 def test_each_rank_is_the_seeds_command_but_for_the_listed_differences(tmp_path):
     ranks = serve_commands(dry_run(tmp_path))
     assert sorted(ranks) == [0, 1]
     for rank, (_, argv) in ranks.items():
-        assert differences(rank, argv) == DIFFERENCES, f"rank {rank}"
+        assert differences(rank, argv) == listed(rank, DIFFERENCES), f"rank {rank}"
 
 
 def test_the_seed_pr_profile_is_the_seeds_command_but_for_how_the_launcher_runs_it(tmp_path):
     ranks = serve_commands(dry_run(tmp_path, PROFILE="seed-pr"))
     assert sorted(ranks) == [0, 1]
     for rank, (_, argv) in ranks.items():
-        assert differences(rank, argv) == PR_ERA_DIFFERENCES, f"rank {rank}"
+        assert differences(rank, argv) == listed(rank, PR_ERA_DIFFERENCES), f"rank {rank}"
 
 
 def test_a_changed_setting_shows_up_as_a_difference(tmp_path):
@@ -191,5 +199,5 @@ def test_a_changed_setting_shows_up_as_a_difference(tmp_path):
 def test_the_launcher_page_explains_every_difference():
     text = (REPO / "docs" / "launcher.md").read_text()
     listed = text.split("## Where the defaults differ from the seed's run", 1)[1].split("\n## ", 1)[0]
-    for _, name in DIFFERENCES:
+    for _, name in [*DIFFERENCES, *RANK0_DIFFERENCES]:
         assert re.search(rf"`{re.escape(name)}[` =]", listed), f"docs/launcher.md: no {name}"

@@ -47,7 +47,9 @@ def test_the_new_variable_reaches_every_rank(tmp_path):
     the_plan, _ = dry_run_text(tmp_path, with_new_knobs(), **PINNED)
     for rank in the_plan.ranks:
         assert rank.env["GLM53_EXAMPLE_LEVER"] == "1"
-        assert rank.options[-1] == ("--env", "GLM53_EXAMPLE_LEVER=1")  # after the link's
+        # after the link's, before rank 0's API key file (an --env-file, not a knob's --env)
+        knob_options = [o for o in rank.options if o[0] != "--env-file"]
+        assert knob_options[-1] == ("--env", "GLM53_EXAMPLE_LEVER=1")
         assert "--max-num-batched-tokens" not in rank.serve  # optional and empty: left out
 
 
