@@ -27,6 +27,15 @@ def keyed(checked) -> bool:
     return checked["API_AUTH"] == "key"
 
 
+def existing_key(checked) -> str | None:
+    """The run's key when its file exists (a loose or broken one refused), before any other
+    check; None when there is none yet or API_AUTH=none."""
+    path = Path(checked["API_KEY_FILE"])
+    if not keyed(checked) or (not path.exists() and not path.is_symlink()):
+        return None
+    return key_of_run(checked, lambda line: None)
+
+
 def key_of_run(checked, say) -> str | None:
     """The run's key (None with API_AUTH=none): API_KEY_FILE read, or written with a new
     random key on the first run (SAY tells so); a loose or broken file is refused."""

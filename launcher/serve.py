@@ -110,10 +110,11 @@ class Serving:
                           ("curl", " (the readiness wait polls the API with it)")):
             if not shutil.which(tool):
                 raise Failed(f"{tool} is not installed on the head{why}")
+        self.api_key = apikey.existing_key(self.checked)  # a loose key file: refused first
         self.check_no_running_ranks()
         gpus.check(self.nodes, self["TP"])
-        # after the read-only checks, so that their refusals leave no new key file behind
-        self.api_key = apikey.key_of_run(self.checked, say)  # a loose key file: refused here
+        # a new key after the read-only checks, so that their refusals leave no file behind
+        self.api_key = self.api_key or apikey.key_of_run(self.checked, say)
         self.prepare_nodes()
         self.check_boot_memory()
         image_id = self.ensure_images()
