@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -74,6 +75,8 @@ def launcher_env(chain_0300, tmp_path):
         "MEM_BOOT_FLOOR_GIB": "40",
         "RUNS_DIR": str(tmp_path / "runs"),
         "JIT_CACHE": str(tmp_path / "jit"),
+        # API_AUTH=key (the default): the key file the run writes, outside the checkout
+        "API_KEY_FILE": str(tmp_path / "api-key"),
     }
     yield env
     subprocess.run([str(REPO_ROOT / "stop.sh")], env=env, capture_output=True, check=False, timeout=120)
@@ -116,8 +119,10 @@ def doctor(env: dict, **settings) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120, check=False)
 
 
-def models(port: str) -> dict:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5) as answer:
+def models(port: str, key: str | None = None) -> dict:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/models",
+                                     headers={"Authorization": f"Bearer {key}"} if key else {})
+    with urllib.request.urlopen(request, timeout=5) as answer:
         return json.load(answer)
 
 
@@ -127,7 +132,13 @@ def test_two_ranks_start_answer_bench_and_stop(launcher_env, tmp_path):
     assert started.returncode == 0, started.stdout + started.stderr
     assert "glm53: ready: http://127.0.0.1:" in started.stdout
     assert sorted(serve_containers()) == ["glm53-rank0", "glm53-rank1"]
-    assert models(launcher_env["PORT"])["data"][0]["id"]
+    # rank 0 got the key from docker's own --env-file, and its env file is gone
+    key = Path(launcher_env["API_KEY_FILE"]).read_text().strip()
+    assert models(launcher_env["PORT"], key)["data"][0]["id"]
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        models(launcher_env["PORT"])
+    assert refused.value.code == 401
+    assert key not in docker("inspect", "--format", "{{json .Args}}", "glm53-rank0").stdout
     worker_argv = docker("inspect", "--format", "{{json .Args}}", "glm53-rank1").stdout
     assert "--headless" in worker_argv and "--node-rank" in worker_argv
     worker = inspect("glm53-rank1")
@@ -143,7 +154,8 @@ def test_two_ranks_start_answer_bench_and_stop(launcher_env, tmp_path):
     bench = subprocess.run(
         [sys.executable, str(REPO_ROOT / "bench" / "bench_decode.py"), "--url",
          f"http://127.0.0.1:{launcher_env['PORT']}", "--runs", "1", "--concurrency", "1,2",
-         "--max-tokens", "20", "--json", str(receipt)],
+         "--max-tokens", "20", "--api-key-file", launcher_env["API_KEY_FILE"],
+         "--json", str(receipt)],
         capture_output=True, text=True, timeout=300, check=False,
     )
     assert bench.returncode == 0, bench.stdout + bench.stderr
