@@ -178,9 +178,9 @@ REPLACED = ("fp8_fp4_mqa_logits", "fp8_fp4_paged_mqa_logits", "get_paged_mqa_log
 
 
 def install(deep_gemm) -> None:
-    """Point the functions in REPLACED of `deep_gemm` (vllm.utils.deep_gemm) at this module's, and say so once on
-    stderr. Called while that module is first imported (tests/gpu/standin), so a module that
-    imports them by name binds the stand-in."""
+    """Point the functions in REPLACED of `deep_gemm` (vllm.utils.deep_gemm) at this module's,
+    and say so once on stderr. Called while that module is first imported (tests/gpu/standin),
+    so a module that imports them by name binds the stand-in."""
     import sys
 
     for name in REPLACED:
