@@ -25,6 +25,7 @@ Glm5NextForCausalLM on CPU, every parameter of it filled.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from pathlib import Path
@@ -90,8 +91,9 @@ def nvfp4(weight: torch.Tensor, global_scale: float) -> tuple[torch.Tensor, torc
     scales = scales.to(torch.float8_e4m3fn)
     step = scales.double().unsqueeze(-1) * global_scale
     scaled = torch.where(step > 0, blocks / step.clamp_min(1e-300), torch.zeros_like(blocks))
-    grid = torch.tensor(E2M1, dtype=torch.float64)
-    index = (scaled.abs().unsqueeze(-1) - grid).abs().argmin(-1)
+    # the nearest e2m1 code, a tie to the smaller one: the midpoints between the codes
+    midpoints = torch.tensor(E2M1, dtype=torch.float64)
+    index = torch.bucketize(scaled.abs(), (midpoints[1:] + midpoints[:-1]) / 2)
     nibbles = (index | ((scaled < 0).long() << 3)).reshape(weight.shape[0], -1)
     return (nibbles[:, 0::2] | (nibbles[:, 1::2] << 4)).to(torch.uint8), scales
 
@@ -115,6 +117,7 @@ def _expert_halves(generator, ratio: float, shared_global: bool):
     return (gate, globals_[0]), (up, globals_[1])
 
 
+@functools.cache  # made once a process: a caller must copy before changing it
 def checkpoint_tensors(variant: str, seed: int = SEED) -> dict[str, torch.Tensor]:
     """Every tensor of the tiny checkpoint by its checkpoint name (bf16, or ModelOpt NVFP4
     for the routed experts)."""
