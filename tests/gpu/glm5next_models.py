@@ -32,6 +32,10 @@ from pathlib import Path
 
 import torch
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
+if str(REPO_ROOT) not in sys.path:  # run as a script on the GPU machine
+    sys.path.insert(0, str(REPO_ROOT))
+
 VARIANTS = ("equal", "unequal")
 SEED = 38
 VOCAB, HIDDEN = 512, 256
@@ -234,6 +238,59 @@ def moe_float64(x: torch.Tensor, tensors: dict[str, torch.Tensor], layer: int) -
     return out
 
 
+DRAFT_K = 7  # the recipe's k: 8 block positions, 8 conv taps
+DRAFT_TAPS = (1, 3)  # the target's MLA layers: aux hidden states from two of its layers
+
+
+def drafter_tensors(seed: int = SEED) -> dict[str, torch.Tensor]:
+    """The engine tier's DFlash2 drafter (tests/engine/dflash2_models.py, built for k = 3)
+    widened to k = DRAFT_K: its convolutions' extra taps are zero, its fc reads the
+    len(DRAFT_TAPS) tapped layers of this target (zero weights, so context keys score 0 as
+    there), and its next-token table is a seeded permutation. Nothing ties that table to
+    this target's greedy tokens, so acceptance is measured, not designed (docs/gpu-tier.md)."""
+    from tests.engine import dflash2_models as engine
+
+    generator = torch.Generator().manual_seed(seed)
+    table = (torch.randperm(VOCAB - 1, generator=generator) + 1).tolist()
+    table = [table[0]] + table  # the mask token (0) maps somewhere too; never 0 itself
+    made = engine.drafter_tensors(table, mask_id=0, target_hidden=HIDDEN,
+                                  code=(0.0,) * engine.K)
+    out = {name: torch.from_numpy(array) for name, array in made.items()}
+    out["fc.weight"] = torch.zeros(engine.H, HIDDEN * len(DRAFT_TAPS))
+    groups = engine.H // engine.GROUP
+    for conv in ("attention_conv", "mlp_conv"):
+        name = f"layers.0.{conv}"
+        base = torch.zeros(2, DRAFT_K + 1, engine.H)
+        base[:, :engine.K + 1] = out[f"{name}.base_kernel"]
+        out[f"{name}.base_kernel"] = base
+        rows = out[f"{name}.kernel_projection.weight"].reshape(2, engine.K + 1, groups, -1)
+        wide = torch.zeros(2, DRAFT_K + 1, groups, rows.shape[-1])
+        wide[:, :engine.K + 1] = rows
+        out[f"{name}.kernel_projection.weight"] = wide.reshape(-1, rows.shape[-1])
+    return {name: tensor.to(torch.bfloat16) for name, tensor in out.items()}
+
+
+def drafter_config() -> dict:
+    from tests.engine import dflash2_models as engine
+
+    target = config("equal")
+    made = engine.drafter_config(target, 0, is_causal=False)
+    made["dflash_config"].update(target_layer_ids=list(DRAFT_TAPS), block_size=DRAFT_K + 1,
+                                 conv_kernel_size=DRAFT_K + 1)
+    made.update(torch_dtype="bfloat16", dtype="bfloat16", made_by="tests/gpu/glm5next_models.py")
+    return made
+
+
+def write_drafter(out: Path, seed: int = SEED) -> Path:
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(drafter_config(), indent=1))
+    save_file({k: v.contiguous() for k, v in drafter_tensors(seed).items()},
+              str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
 def write(out: Path, variant: str, seed: int = SEED) -> Path:
     from safetensors.torch import save_file
 
@@ -245,6 +302,8 @@ def write(out: Path, variant: str, seed: int = SEED) -> Path:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) not in (2, 3):
-        sys.exit("usage: glm5next_models.py OUT_DIR [equal|unequal]")
-    print(write(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) == 3 else "unequal"))
+    if len(sys.argv) not in (2, 3) or sys.argv[-1] not in (*VARIANTS, "drafter", sys.argv[1]):
+        sys.exit("usage: glm5next_models.py OUT_DIR [equal|unequal|drafter]")
+    kind = sys.argv[2] if len(sys.argv) == 3 else "unequal"
+    print(write_drafter(Path(sys.argv[1])) if kind == "drafter" else
+          write(Path(sys.argv[1]), kind))
