@@ -20,7 +20,7 @@ q_a_proj and kv_a_proj_with_mqa, wk and weights_proj, KDA's six input projection
 experts per expert); tests/vllm/test_glm5next_tiny.py loads them into vLLM 0.30.0's own
 Glm5NextForCausalLM on CPU, every parameter of it filled.
 
-    python3 tests/gpu/glm5next_models.py OUT_DIR [equal|unequal]
+    python3 tests/gpu/glm5next_models.py OUT_DIR equal|unequal|drafter [TOKENIZER_DIR]
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ if str(REPO_ROOT) not in sys.path:  # run as a script on the GPU machine
 
 VARIANTS = ("equal", "unequal")
 SEED = 38
-VOCAB, HIDDEN = 512, 256
+VOCAB, HIDDEN = 640, 256  # the engine tier's tokenizer (tests/engine/tiny_models.py)
 EXPERTS, TOPK, MOE_WIDTH = 8, 2, 256
 GROUP = 16  # NVFP4's block
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -57,7 +57,10 @@ STREAMS = 4
 OUT_GAIN = 0.25
 
 
-def config(variant: str) -> dict:
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def config(variant: str, pad_id: int = 0, eos_ids: tuple[int, ...] = (1,)) -> dict:
     if variant not in VARIANTS:
         raise ValueError(f"variant {variant!r}: use one of {', '.join(VARIANTS)}")
     return {
@@ -65,7 +68,7 @@ def config(variant: str) -> dict:
         "made_by": "tests/gpu/glm5next_models.py", "variant": variant, "seed": SEED,
         "vocab_size": VOCAB, "hidden_size": HIDDEN, "intermediate_size": 2 * HIDDEN,
         "num_hidden_layers": len(LAYER_TYPES), "layer_types": list(LAYER_TYPES),
-        "mlp_layer_types": list(MLP_TYPES), "pad_token_id": 0, "eos_token_id": 1,
+        "mlp_layer_types": list(MLP_TYPES), "pad_token_id": pad_id, "eos_token_id": list(eos_ids),
         "bos_token_id": None, "torch_dtype": "bfloat16", "max_position_embeddings": 16384,
         "num_attention_heads": MLA_HEADS, "num_key_value_heads": MLA_HEADS,
         "q_lora_rank": Q_LORA, "kv_lora_rank": KV_LORA, "qk_nope_head_dim": NOPE_DIM,
@@ -242,7 +245,7 @@ DRAFT_K = 7  # the recipe's k: 8 block positions, 8 conv taps
 DRAFT_TAPS = (1, 3)  # the target's MLA layers: aux hidden states from two of its layers
 
 
-def drafter_tensors(seed: int = SEED) -> dict[str, torch.Tensor]:
+def drafter_tensors(seed: int = SEED, mask_id: int = 0) -> dict[str, torch.Tensor]:
     """The engine tier's DFlash2 drafter (tests/engine/dflash2_models.py, built for k = 3)
     widened to k = DRAFT_K: its convolutions' extra taps are zero, its fc reads the
     len(DRAFT_TAPS) tapped layers of this target (zero weights, so context keys score 0 as
@@ -251,9 +254,9 @@ def drafter_tensors(seed: int = SEED) -> dict[str, torch.Tensor]:
     from tests.engine import dflash2_models as engine
 
     generator = torch.Generator().manual_seed(seed)
-    table = (torch.randperm(VOCAB - 1, generator=generator) + 1).tolist()
-    table = [table[0]] + table  # the mask token (0) maps somewhere too; never 0 itself
-    made = engine.drafter_tensors(table, mask_id=0, target_hidden=HIDDEN,
+    others = [t for t in torch.randperm(VOCAB, generator=generator).tolist() if t != mask_id]
+    table = others[:mask_id] + [others[0]] + others[mask_id:]  # never the mask token itself
+    made = engine.drafter_tensors(table, mask_id=mask_id, target_hidden=HIDDEN,
                                   code=(0.0,) * engine.K)
     out = {name: torch.from_numpy(array) for name, array in made.items()}
     out["fc.weight"] = torch.zeros(engine.H, HIDDEN * len(DRAFT_TAPS))
@@ -270,40 +273,58 @@ def drafter_tensors(seed: int = SEED) -> dict[str, torch.Tensor]:
     return {name: tensor.to(torch.bfloat16) for name, tensor in out.items()}
 
 
-def drafter_config() -> dict:
+def drafter_config(mask_id: int = 0) -> dict:
     from tests.engine import dflash2_models as engine
 
     target = config("equal")
-    made = engine.drafter_config(target, 0, is_causal=False)
+    made = engine.drafter_config(target, mask_id, is_causal=False)
     made["dflash_config"].update(target_layer_ids=list(DRAFT_TAPS), block_size=DRAFT_K + 1,
                                  conv_kernel_size=DRAFT_K + 1)
     made.update(torch_dtype="bfloat16", dtype="bfloat16", made_by="tests/gpu/glm5next_models.py")
     return made
 
 
-def write_drafter(out: Path, seed: int = SEED) -> Path:
+def _tokenizer(out: Path, tokenizer: Path | None) -> tuple[int, tuple[int, ...]]:
+    """Copy TOKENIZER's files (a model directory with them) into OUT: its pad and eos ids."""
+    if tokenizer is None:
+        return 0, (1,)
+    import shutil
+
+    for name in TOKENIZER_FILES:
+        shutil.copyfile(tokenizer / name, out / name)
+    source = json.loads((tokenizer / "config.json").read_text())
+    eos = source["eos_token_id"]
+    return source["pad_token_id"], tuple(eos if isinstance(eos, list) else [eos])
+
+
+def write_drafter(out: Path, seed: int = SEED, tokenizer: Path | None = None) -> Path:
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(drafter_config(), indent=1))
-    save_file({k: v.contiguous() for k, v in drafter_tensors(seed).items()},
+    pad_id, _ = _tokenizer(out, tokenizer)
+    (out / "config.json").write_text(json.dumps(drafter_config(pad_id), indent=1))
+    save_file({k: v.contiguous() for k, v in drafter_tensors(seed, pad_id).items()},
               str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
 
 
-def write(out: Path, variant: str, seed: int = SEED) -> Path:
+def write(out: Path, variant: str, seed: int = SEED, tokenizer: Path | None = None) -> Path:
+    """The checkpoint in OUT; with TOKENIZER (a model directory), its tokenizer files and
+    pad and eos ids too."""
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(config(variant), indent=1))
+    pad_id, eos_ids = _tokenizer(out, tokenizer)
+    (out / "config.json").write_text(json.dumps(config(variant, pad_id, eos_ids), indent=1))
     save_file({k: v.contiguous() for k, v in checkpoint_tensors(variant, seed).items()},
               str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
 
 
 if __name__ == "__main__":
-    if len(sys.argv) not in (2, 3) or sys.argv[-1] not in (*VARIANTS, "drafter", sys.argv[1]):
-        sys.exit("usage: glm5next_models.py OUT_DIR [equal|unequal|drafter]")
-    kind = sys.argv[2] if len(sys.argv) == 3 else "unequal"
-    print(write_drafter(Path(sys.argv[1])) if kind == "drafter" else
-          write(Path(sys.argv[1]), kind))
+    if len(sys.argv) not in (3, 4) or sys.argv[2] not in (*VARIANTS, "drafter"):
+        sys.exit("usage: glm5next_models.py OUT_DIR equal|unequal|drafter [TOKENIZER_DIR]")
+    where, kind = Path(sys.argv[1]), sys.argv[2]
+    source = Path(sys.argv[3]) if len(sys.argv) == 4 else None
+    print(write_drafter(where, tokenizer=source) if kind == "drafter" else
+          write(where, kind, tokenizer=source))
