@@ -2,7 +2,8 @@
 its own config class accepts the config, its own Glm5NextForCausalLM is built with every layer
 kind the recipe serves (KDA, MLA with the sparse indexer, mHC, ModelOpt NVFP4 MoE) and
 load_weights fills every parameter from the checkpoint's names, both variants; the gate/up
-globals vLLM holds are the ones written. The float64 MoE reference of check 4 is tested
+globals vLLM holds are the ones written; with tests/gpu/standin on the path, the indexer's
+kernels are the stand-in's. The float64 MoE reference of check 4 is tested
 against the checkpoint's own quantization error."""
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from tests.gpu import glm5next_models as tiny
 from tests.vllm.conftest import REPO_ROOT
 
 PROBE = REPO_ROOT / "tests/vllm/probes/glm5next_tiny_build.py"
+STANDIN = REPO_ROOT / "tests/gpu/standin"  # as part d's servers have it
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +29,8 @@ def built(tmp_path_factory, release):
     dirs = [str(tiny.write(root / variant, variant)) for variant in tiny.VARIANTS]
     done = subprocess.run([sys.executable, str(PROBE), *dirs], cwd=root, capture_output=True,
                           text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(release("0.30.0"))})
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                              [str(STANDIN), str(release("0.30.0"))])})
     assert done.returncode == 0, done.stderr[-3000:]
     docs = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     return {doc["variant"]: doc for doc in docs}
@@ -47,6 +50,15 @@ def test_vllm_builds_every_layer_kind_and_loads_every_parameter(built, variant):
         ("Glm5NextMLAAttention", "Indexer", "Glm5NextMoE", "ModelOptNvFp4FusedMoE"),
     ]
     assert all(layer["mhc"] for layer in doc["layers"])
+
+
+def test_the_stand_in_holds_the_indexer_kernels_and_nothing_else(built):
+    """On the real 0.30.0 tree, with the model built: the three names the indexer uses are
+    the stand-in's, wherever imported; DeepGEMM's other kernels stay vLLM's."""
+    for doc in built.values():
+        names = doc["deep_gemm_names"]
+        assert names.pop("deep_gemm.fp8_gemm_nt") == "vllm.utils.deep_gemm"
+        assert set(names.values()) == {"gpu_mqa_logits_reference"}, names
 
 
 def test_the_gate_and_up_globals_vllm_holds_are_the_variants(built):

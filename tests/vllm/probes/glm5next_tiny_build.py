@@ -7,6 +7,9 @@ the CPU platform refuses sparse MLA, so the backend asked for is FlashMLA's spar
 class is built, its kernels never run); the NVFP4 MoE backend choice (CUDA-only) is Marlin's;
 the workspace manager lives on the CPU.
 
+With tests/gpu/standin first on PYTHONPATH (as part d's servers have it), each JSON object
+also says which module the indexer's DeepGEMM names are bound to once the model is built.
+
     python glm5next_tiny_build.py MODEL_DIR...
 """
 
@@ -70,7 +73,20 @@ def build(model_dir: str, first: bool) -> dict:
             "layer_types": text.layers_block_type, "layers": layers,
             "parameters": len(params), "not_loaded": sorted(set(params) - set(loaded)),
             "unknown": sorted(set(loaded) - set(params)), "w13_weight_scale_2": globals_,
-            "checkpoint_tensors": len(tensors)}
+            "checkpoint_tensors": len(tensors), "deep_gemm_names": deep_gemm_names()}
+
+
+def deep_gemm_names() -> dict:
+    """Where the indexer's kernels resolve: vLLM's own deep_gemm module, or a stand-in."""
+    import vllm.utils.deep_gemm as deep_gemm
+    from vllm.v1.attention.backends.mla import indexer
+
+    names = {f"deep_gemm.{name}": getattr(deep_gemm, name).__module__
+             for name in ("fp8_fp4_mqa_logits", "fp8_fp4_paged_mqa_logits",
+                          "get_paged_mqa_logits_metadata", "fp8_gemm_nt")}
+    names["indexer.get_paged_mqa_logits_metadata"] = \
+        indexer.get_paged_mqa_logits_metadata.__module__
+    return names
 
 
 def main(model_dirs: list[str]) -> None:
