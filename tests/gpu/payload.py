@@ -13,7 +13,8 @@ the machine is still warm:
   v13_weights applied here by this repository's own tool; the Glm5Next kernel libraries
   (FlashMLA, DeepSelect, FlashKDA, DeepGEMM), which the part's probe tries to load; the wheels of
   tests/gpu/requirements.txt (hash-checked); the models (tests/gpu/models.py); the launcher's
-  rank-0 argv and environment from `DRY_RUN=1 ./run.sh`.
+  rank-0 argv and environment from `DRY_RUN=1 ./run.sh` at k = 3 and at k = 7 (part d's tiny
+  Glm5Next is made on the GPU machine from its seed, so it is not carried).
 - part `b`: `_C_stable_libtorch.abi3.so` (Marlin, the model's custom ops) and FlashAttention
   3, xz-compressed.
 
@@ -57,6 +58,8 @@ LEFT_OUT_PARTS = ("include",)
 LEFT_OUT_FILES = ("vllm/vllm-rs", f"vllm-{VERSION}.dist-info/RECORD")
 XZ_PRESET = 9 | lzma.PRESET_EXTREME
 MODELS = ("margin-target", "margin-drafter", "target-bf16", "target-int8")
+# the launcher's rank-0 argv at each k: 3 for tests/gpu/engine.py, 7 for part d (Glm5Next)
+LAUNCHERS = {"launcher_rank0.json": 3, "launcher_rank0_k7.json": 7}
 
 
 class PayloadError(RuntimeError):
@@ -158,15 +161,16 @@ def models(out: Path) -> dict[str, str]:
     return {name: source.name for name, source in dirs.items()}
 
 
-def launcher_rank0(model: str) -> dict:
+def launcher_rank0(model: str, k: int = 3) -> dict:
     """Rank 0's vllm argv and container environment of a one-node `DRY_RUN=1 ./run.sh`, at
-    the tiny drafter's k (3) and the recipe's two sequences: capture sizes 1, 2, 4, 8."""
+    drafter k K and the recipe's two sequences: k = 3 (the tiny Qwen3 drafter's) gives
+    capture sizes 1, 2, 4, 8; k = 7 (part d's Glm5Next drafter, the recipe's own) more."""
     from tests.engine.test_launcher_engine import rank_launch
     from tests.unit.test_launcher_support import dry_run, serve_commands
 
     with tempfile.TemporaryDirectory() as scratch:
         stdout = dry_run(Path(scratch), nodes=1, MODEL=model, MODEL_REVISION=None,
-                         NUM_SPECULATIVE_TOKENS="3")
+                         NUM_SPECULATIVE_TOKENS=str(k))
     (_, docker), = serve_commands(stdout).values()
     argv, container = rank_launch(docker)
     return {"argv": argv, "env": container["env"]}
@@ -198,8 +202,8 @@ def pack(out: Path) -> dict:
     with tempfile.TemporaryDirectory() as scratch:
         manifest["models"] = models(Path(scratch))
         tar_xz(part_a / "models.tar.xz", Path(scratch), list(MODELS))
-    (part_a / "launcher_rank0.json").write_text(json.dumps(
-        launcher_rank0("/models/tiny"), indent=1))
+    for name, k in LAUNCHERS.items():
+        (part_a / name).write_text(json.dumps(launcher_rank0("/models/tiny", k), indent=1))
     repository = repository_bytes()
     manifest["repository_bytes"] = repository
     for part in (part_a, part_b):
@@ -237,7 +241,8 @@ def install(part: str, root: Path) -> None:
             capture_output=True, text=True, check=False)
         if done.returncode:
             raise PayloadError(f"pip install of part a's wheels failed: {done.stderr[-800:]}")
-        shutil.copyfile(source / "launcher_rank0.json", root / "launcher_rank0.json")
+        for name in LAUNCHERS:
+            shutil.copyfile(source / name, root / name)
     else:
         if not (tree / "vllm" / "__init__.py").is_file():
             raise PayloadError(f"{tree}: part a is not installed (the machine went cold "
