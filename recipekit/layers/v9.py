@@ -11,6 +11,12 @@ lacks it: its own diff per salt shape ("release": a base that ships DFlash2, suc
 0.28.0; "logits-cache": the fork shape once DFlash2 is in), pinned in the manifest's
 ``draft_noise_salt`` section. On shape no-logits-cache probabilistic drafting is
 refused, so nothing is salted there.
+
+A base that ships DFlash2 is found provided by its capability probes, whichever way its
+speculator choice reaches ``DFlash2Speculator``: a branch on the architecture (0.28.0 to
+0.33.0) or the registry's draft model declaring a ``speculator_config_class`` whose
+``speculator_class`` names it (0.34.0). One that ships it otherwise is refused naming the
+probe that failed, not the diff's first mismatched hunk.
 """
 
 from __future__ import annotations
