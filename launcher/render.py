@@ -1,11 +1,15 @@
 """recipe.toml as Markdown: the knob, profile and fixed-part tables of README.md and
-docs/launcher.md, and the known checkpoints of docs/checkpoints.md. scripts/render-docs writes them between `<!-- recipe:NAME -->` and
+docs/launcher.md, the known checkpoints of docs/checkpoints.md, and docs/images.md's
+per-layer, per-tree outcomes from patches/layer-outcomes.json (the vllm tier's
+tests/vllm/test_layer_outcomes.py checks that file against its run). scripts/render-docs writes them between `<!-- recipe:NAME -->` and
 `<!-- /recipe:NAME -->`; tests/unit/test_recipe_docs.py fails while a render is stale.
 """
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 from recipekit.recipe import CHECKPOINT_FACTS, Knob, Recipe
 
@@ -15,7 +19,10 @@ REGIONS = {
     "README.md": ("front-knobs", "profiles"),
     "docs/launcher.md": ("knobs", "profiles", "fixed"),
     "docs/checkpoints.md": ("checkpoints",),
+    "docs/images.md": ("layer-outcomes",),
 }
+LAYER_OUTCOMES = Path(__file__).resolve().parent.parent / "patches" / "layer-outcomes.json"
+TREE_TITLES = {"fork": "fork shape"}
 # The rows of the checkpoints table, one a [checkpoints] fact, in CHECKPOINT_FACTS' order.
 FACT_ROWS = {"format": "format", "precisions": "precisions", "size": "size",
              "revisions": "revisions", "moe_scales": "MoE gate/up global scales", "mtp": "MTP head"}
@@ -139,8 +146,20 @@ def _launcher_cell(recipe: Recipe, entry) -> str:
     return "; ".join(parts) or EMPTY
 
 
+def layer_outcomes_table(_: Recipe) -> str:
+    """Each patcher (rows, the images' order) on each tested tree (columns), as the vllm tier
+    last recorded it; the recipe plays no part."""
+    data = json.loads(LAYER_OUTCOMES.read_text())
+    trees = data["trees"]
+    rows = ["| patcher | " + " | ".join(TREE_TITLES.get(t, t) for t in trees) + " |",
+            "|---|" + "---|" * len(trees)]
+    for name in data["chain"]:
+        rows.append(f"| {name} | " + " | ".join(_cell(data["cells"][name][t]) for t in trees) + " |")
+    return "\n".join(rows)
+
+
 RENDERERS = {"front-knobs": front_table, "knobs": knobs_table, "profiles": profiles_table,
-             "fixed": fixed_table, "checkpoints": checkpoints_table}
+             "fixed": fixed_table, "checkpoints": checkpoints_table, "layer-outcomes": layer_outcomes_table}
 
 
 def region_pattern(name: str) -> re.Pattern:

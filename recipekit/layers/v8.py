@@ -16,13 +16,46 @@ from __future__ import annotations
 
 import libcst as cst
 
+import re
+
 from recipekit.exact_patch import FileEdit, PatchPlan, PatchRefused
 from recipekit.layer import Layer
 from recipekit.layers.sm121_edits import Change, Drift, Finding
 from recipekit.layers.sm121_flashinfer import changes as flashinfer_changes
 from recipekit.layers.sm121_vllm import CHANGES as VLLM_CHANGES
 from recipekit.layers.sm121_vllm import CUDA, KPOOL_INDEXER_IMPORTERS
+from recipekit.sm121_packages import PACKAGES, read_pins
 from recipekit.tree import TreeView
+
+VERSION_FILE = "vllm/_version.py"
+# Requires-Dist of the releases' wheel METADATA that need FlashInfer 0.7.x: v8's 0.6.18 pin
+# would downgrade them, and F2's target moved in 0.7.x (mla/_batch_mla/_wrapper.py).
+BASE_REQUIRES = {
+    "0.33.0": {"flashinfer-python": "0.7.2.post1", "nvidia-cutlass-dsl": "4.8.0"},
+    "0.34.0": {"flashinfer-python": "0.7.3", "nvidia-cutlass-dsl": "4.8.0"},
+}
+
+
+def base_version(view: TreeView) -> str | None:
+    """The tree's vLLM version as its vllm/_version.py states it (None if it does not)."""
+    found = re.search(r"^__version__[^=\n]*= version = '([^']+)'", view.read_text(VERSION_FILE) or "", re.M)
+    return found.group(1) if found else None
+
+
+def package_problem(view: TreeView) -> str | None:
+    """One line when the base requires packages other than v8's pins (patches/v8/packages.txt)."""
+    version = base_version(view)
+    required = BASE_REQUIRES.get(version or "")
+    if required is None:
+        return None
+    pins = read_pins(PACKAGES)
+    differ = {name: wanted for name, wanted in required.items() if pins.get(name) != wanted}
+    if not differ:
+        return None
+    needs = " and ".join(f"{name}=={wanted}" for name, wanted in differ.items())
+    pinned = " and ".join(f"{name}=={pins.get(name, 'unpinned')}" for name in differ)
+    return (f"vLLM {version} requires {needs}; v8 pins {pinned} (patches/v8/packages.txt) "
+            "and has no package set or FlashInfer edits for it")
 
 
 class _Files:
@@ -97,11 +130,13 @@ class Sm121Layer(Layer):
     def plan(self, view: TreeView) -> PatchPlan:
         self.findings, edits = self.survey(view)
         refused = [f for f in self.findings if f.status == "refused"]
-        if refused:
+        packages = package_problem(view)
+        if refused or packages:
             for finding in self.findings:
                 if finding.status == "applied":  # planned, but the layer writes nothing
                     finding.status = "not-written"
-            raise PatchRefused("; ".join(f"{f.change} {f.file}: {f.detail}" for f in refused))
+            # The package mismatch comes first: it is why the FlashInfer edits cannot hold.
+            raise PatchRefused(packages or "; ".join(f"{f.change} {f.file}: {f.detail}" for f in refused))
         if not edits:
             if any(f.status == "present" for f in self.findings):
                 return PatchPlan("already-applied", [])

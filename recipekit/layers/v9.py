@@ -11,6 +11,12 @@ lacks it: its own diff per salt shape ("release": a base that ships DFlash2, suc
 0.28.0; "logits-cache": the fork shape once DFlash2 is in), pinned in the manifest's
 ``draft_noise_salt`` section. On shape no-logits-cache probabilistic drafting is
 refused, so nothing is salted there.
+
+A base that ships DFlash2 is found provided by its capability probes, whichever way its
+speculator choice reaches ``DFlash2Speculator``: a branch on the architecture (0.28.0 to
+0.33.0) or the registry's draft model declaring a ``speculator_config_class`` whose
+``speculator_class`` names it (0.34.0). One that ships it otherwise is refused naming the
+probe that failed, not the diff's first mismatched hunk.
 """
 
 from __future__ import annotations
@@ -50,11 +56,11 @@ ARCHITECTURE = "DFlash2DraftModel"
 SPECULATOR = "DFlash2Speculator"
 
 
-def _registry_problem(view: TreeView) -> str | None:
+def _registry_target(view: TreeView) -> tuple[str, str] | str:
+    """(module, class) the registry maps DFlash2DraftModel to, or the problem."""
     source = view.read_text(REGISTRY)
     if source is None:
         return f"{REGISTRY} is missing"
-    checker = ImportChecker(view)
     for node in ast.walk(ast.parse(source)):
         if not isinstance(node, ast.Dict):
             continue
@@ -64,14 +70,23 @@ def _registry_problem(view: TreeView) -> str | None:
             if not (isinstance(value, ast.Tuple) and len(value.elts) == 2):
                 return f"{REGISTRY}: {ARCHITECTURE} maps to something other than (module, class)"
             module, cls = (getattr(e, "value", None) for e in value.elts)
-            dotted = module if "." in module else f"vllm.model_executor.models.{module}"
-            if not checker.defines(dotted, cls):
-                return f"{REGISTRY}: {ARCHITECTURE} maps to {dotted}.{cls}, which the tree lacks"
-            return None
+            return (module if "." in module else f"vllm.model_executor.models.{module}"), cls
     return f"{REGISTRY}: the registry does not map {ARCHITECTURE}"
 
 
+def _registry_problem(view: TreeView) -> str | None:
+    mapped = _registry_target(view)
+    if isinstance(mapped, str):
+        return mapped
+    dotted, cls = mapped
+    if not ImportChecker(view).defines(dotted, cls):
+        return f"{REGISTRY}: {ARCHITECTURE} maps to {dotted}.{cls}, which the tree lacks"
+    return None
+
+
 def _speculator_problem(view: TreeView) -> str | None:
+    """The speculator choice reaches DFlash2Speculator: a branch on the architecture (up to
+    0.33.0) or the registry's draft model declaring its speculator config (0.34.0)."""
     source = view.read_text(SPECULATOR_CHOICE)
     if source is None:
         return f"{SPECULATOR_CHOICE} is missing"
@@ -84,7 +99,51 @@ def _speculator_problem(view: TreeView) -> str | None:
                 if checker.defines(node.module, SPECULATOR):
                     return None
                 return f"{SPECULATOR_CHOICE}: {node.module} defines no {SPECULATOR}"
+    if "speculator_class" in source:
+        return _declared_speculator_problem(view, checker)
     return f"{SPECULATOR_CHOICE}: the speculator choice never reaches {SPECULATOR}"
+
+
+def _class_constant(view: TreeView, dotted: str, cls: str, name: str) -> ast.expr | None:
+    """The value ``cls`` (defined in module ``dotted``) assigns to ``name`` in its body."""
+    source = view.read_text(dotted.replace(".", "/") + ".py")
+    if source is None:
+        return None
+    owner = next((n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == cls), None)
+    for node in owner.body if owner else []:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
+            return node.value
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == name:
+            return node.value
+    return None
+
+
+def _imported_from(view: TreeView, dotted: str, name: str) -> str | None:
+    """The module that ``dotted`` imports ``name`` from, if it does."""
+    for node in ast.walk(ast.parse(view.read_text(dotted.replace(".", "/") + ".py") or "")):
+        if isinstance(node, ast.ImportFrom) and any(a.name == name and a.asname is None for a in node.names):
+            return node.module
+    return None
+
+
+def _declared_speculator_problem(view: TreeView, checker: ImportChecker) -> str | None:
+    """Registry-driven choice (0.34.0): init_speculator resolves speculator_class of the
+    config the draft model declares as its speculator_config_class."""
+    mapped = _registry_target(view)
+    if isinstance(mapped, str):
+        return mapped
+    module, cls = mapped
+    declared = _class_constant(view, module, cls, "speculator_config_class")
+    if not isinstance(declared, ast.Name):
+        return f"{module}.{cls} declares no speculator_config_class, so init_speculator never reaches {SPECULATOR}"
+    config_module = _imported_from(view, module, declared.id) or module
+    qualname = _class_constant(view, config_module, declared.id, "speculator_class")
+    target = getattr(qualname, "value", None)
+    if not isinstance(target, str) or not target.endswith(f".{SPECULATOR}"):
+        return f"{config_module}.{declared.id}: speculator_class does not name {SPECULATOR}"
+    if not checker.defines(target.rsplit(".", 1)[0], SPECULATOR):
+        return f"{config_module}.{declared.id}: speculator_class names {target}, which the tree lacks"
+    return None
 
 
 def _function(source: str | None, name: str, cls: str | None = None) -> ast.FunctionDef | None:
@@ -119,12 +178,21 @@ def _draft_logits_problem(view: TreeView) -> str | None:
     holder = next((c for c in classes if _function(source, "draft_logits_spec", c)), None)
     if holder is None:
         return f"{BASE_SPECULATOR}: no draft_logits_spec hook for the cached draft distribution"
-    init = _function(source, "__init__", holder)
-    if init is None or "self.draft_logits_spec(" not in ast.unparse(init):
+    if not _allocates_through_spec(ast.parse(source), holder):
         return f"{BASE_SPECULATOR}: the cached draft logits are not allocated through draft_logits_spec"
     if _function(view.read_text(DFLASH2_SPECULATOR), "draft_logits_spec", SPECULATOR) is None:
         return f"{DFLASH2_SPECULATOR}: {SPECULATOR} does not override draft_logits_spec"
     return None
+
+
+def _allocates_through_spec(module: ast.Module, holder: str) -> bool:
+    """``holder`` calls self.draft_logits_spec( in __init__, or in a method its own code
+    calls (0.34.0 moved the allocation to _init_draft_logits, called from load_model)."""
+    owner = next(n for n in module.body if isinstance(n, ast.ClassDef) and n.name == holder)
+    methods = {n.name: ast.unparse(n) for n in owner.body if isinstance(n, ast.FunctionDef)}
+    callers = [name for name, text in methods.items() if "self.draft_logits_spec(" in text]
+    return any(name == "__init__" or any(f"self.{name}(" in text for text in methods.values())
+               for name in callers if name != "draft_logits_spec")
 
 
 def _probabilistic_refusal_problem(view: TreeView) -> str | None:
@@ -230,7 +298,7 @@ class DFlash2Backport(Layer):
         if provided:
             dflash2 = exact_patch.PatchPlan("already-applied", [])
         else:
-            dflash2 = exact_patch.plan(view.root, self.diff_text(shape))
+            dflash2 = self._diff_plan(view, shape)
         if shape != LOGITS_CACHE:
             return dflash2
         after = view.with_overlay({e.path: e.after for e in dflash2.edits})
@@ -244,6 +312,20 @@ class DFlash2Backport(Layer):
         if salt.outcome == "already-applied":
             return dflash2
         return _merge(dflash2, salt) if dflash2.outcome == "apply" else salt
+
+    def _diff_plan(self, view: TreeView, shape: str) -> exact_patch.PatchPlan:
+        """The DFlash2 diff's plan; where the base already ships DFlash2 in a shape the probes
+        do not accept, the refusal names that probe, not the diff's first mismatched hunk."""
+        try:
+            return exact_patch.plan(view.root, self.diff_text(shape))
+        except exact_patch.PatchRefused:
+            if _registry_problem(view) is not None:
+                raise
+            problems = [p for p in self.missing_capability(view) if p]
+            raise exact_patch.PatchRefused(
+                f"the base ships {ARCHITECTURE} (its registry maps it), so v9's diff does not apply, "
+                f"yet not as v9 provides it: {problems[0] if problems else 'base shape ' + shape}"
+            ) from None
 
     def _applied_before(self, view: TreeView) -> exact_patch.PatchPlan:
         """"``already-applied`` when an earlier v9 run put the salt in; else the base has DFlash2 and the salt."""

@@ -17,14 +17,14 @@ import pytest
 from recipekit.layers.v8_moe_scales import HELPER, TARGET
 from tests.vllm.conftest import REPO_ROOT, patch_layer
 
-TREES = ("0.27.1", "fork", "0.30.0", "0.33.0")
+TREES = ("0.27.1", "fork", "0.30.0", "0.33.0", "0.34.0")
 PROBE = REPO_ROOT / "tests/vllm/probes/moe_global_scales.py"
 RELATIVE_BOUND = 2.0 ** -4  # the probe's: half an E4M3 step
 
 
 @pytest.fixture(scope="module")
 def probed(tmp_path_factory, release):
-    """Each tree patched by v8_moe_scales, and the probe's JSON on it (the four at once)."""
+    """Each tree patched by v8_moe_scales, and the probe's JSON on it (all at once)."""
     runs = {}
     for version in TREES:
         root = tmp_path_factory.mktemp(f"moe-{version}")

@@ -140,8 +140,9 @@ def test_with_the_switches_on(probed):
     assert report["router_dtype"] == "torch.float32"
 
 
-def test_0_33_0_provides_the_ring_and_workspace_and_takes_the_router_switch(tree_copy):
-    root = tree_copy("0.33.0")
+@pytest.mark.parametrize("version", ["0.33.0", "0.34.0"])
+def test_newer_bases_provide_the_ring_and_workspace_and_take_the_router_switch(tree_copy, version):
+    root = tree_copy(version)
     code, report = patch(root, "--import-check", "off")
     assert (code, report["outcome"]) == (0, "applied"), report
     changes = {c["change"]: c for c in report["changes"]}
@@ -160,7 +161,7 @@ def test_0_33_0_provides_the_ring_and_workspace_and_takes_the_router_switch(tree
     before = tree_digest(root)
     assert patch(root)[1]["outcome"] == "already-applied"
     assert tree_digest(root) == before
-    # 0.33.0 words the rejection sampler's call otherwise; the same masking holds there
+    # 0.33.0 and 0.34.0 word the rejection sampler's call otherwise; the same masking holds there
     on = probe(root, True, "adaptive_verify.py", GLM53_ADAPTIVE_VERIFY_TAU="0.3")
     assert on["drafts_given"] == ADAPTIVE_DRAFTS_AT_TAU_0_3
 

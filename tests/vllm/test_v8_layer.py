@@ -1,4 +1,4 @@
-"""v8 on real trees: vLLM 0.27.1, 0.30.0, 0.33.0 and the FlashInfer 0.6.17 / 0.6.18 wheels.
+"""v8 on real trees: vLLM 0.27.1, 0.30.0, 0.33.0, 0.34.0 and the FlashInfer 0.6.17 / 0.6.18 wheels.
 
 The patched code is then exercised on CPU through vLLM's and FlashInfer's own functions
 (tests/vllm/probes/sm121_dispatch.py), the Triton kernel V7c changes runs in Triton's
@@ -144,8 +144,32 @@ def test_0271_applies_d4_and_says_why_it_skips_the_rest(root):
     assert "return major in (9, 10)" in (target / CUDA).read_text()
 
 
+@pytest.mark.parametrize(("version", "flashinfer"), [("0.33.0", "0.7.2.post1"), ("0.34.0", "0.7.3")])
+def test_a_base_requiring_flashinfer_0_7_is_refused_in_one_line_naming_its_packages(root, version, flashinfer):
+    target = root(version)
+    before = tree_digest(target)
+    code, report = patch(target, "--import-check", "off")
+    assert (code, report["outcome"]) == (3, "refused")
+    assert report["reason"].startswith(
+        f"vLLM {version} requires flashinfer-python=={flashinfer} and nvidia-cutlass-dsl==4.8.0; "
+        "v8 pins flashinfer-python==0.6.18 and nvidia-cutlass-dsl==4.6.2 (patches/v8/packages.txt)")
+    assert "\n" not in report["reason"]
+    # Every vLLM edit was found, none written: a refusal, not half an application.
+    assert statuses(report) == dict.fromkeys(ALL[:8], "not-written") | {"F1": "skipped", "F2": "skipped"}
+    assert tree_digest(target) == before
+
+
+def as_unreleased(target):
+    """The tree with its _version.py saying a dev build (as the vendor fork image's does)."""
+    version = target / "vllm/_version.py"
+    os.unlink(version)  # break the hard link before editing
+    version.write_text("__version__ = version = '0.1.dev0+local'\n")
+    return target
+
+
 def test_0330_finds_v7ab_where_it_moved_and_d4_under_its_cache_decorator(root):
-    target = root("0.33.0")
+    # 0.33.0 itself is refused for its packages (above); its code shape on a dev build is not.
+    target = as_unreleased(root("0.33.0"))
     code, report = patch(target, "--import-check", "off")
     assert (code, report["outcome"]) == (0, "applied")
     assert statuses(report) == dict.fromkeys(ALL[:8], "applied") | {

@@ -75,7 +75,7 @@ def test_applies_to_0_27_1_then_is_already_applied(tree_copy, release, backport_
     assert tree_digest(root) == before
 
 
-@pytest.mark.parametrize("version", ["0.30.0", "0.33.0"])
+@pytest.mark.parametrize("version", ["0.30.0", "0.33.0", "0.34.0"])
 def test_newer_bases_provide_dflash2(tree_copy, backport_diff, version):
     root = tree_copy(version)
     before = tree_digest(root)
@@ -85,6 +85,27 @@ def test_newer_bases_provide_dflash2(tree_copy, backport_diff, version):
     report = json.loads(result.stdout)
     assert report["outcome"] == "provided-by-base"
     assert "DFlash2DraftModel" in report["reason"]
+    assert tree_digest(root) == before
+
+
+def test_a_base_shipping_dflash2_otherwise_is_refused_naming_the_probe(tree_copy):
+    # 0.34.0 reaches DFlash2Speculator through the draft model's speculator_config_class;
+    # without it, the refusal names that, not the diff's first mismatched hunk.
+    root = tree_copy("0.34.0")
+    model = root / "vllm/model_executor/models/qwen3_dflash2.py"
+    text = model.read_text()
+    declared = "    speculator_config_class = DFlash2SpeculatorConfig\n"
+    assert text.count(declared) == 1
+    os.unlink(model)  # break the hard link before editing
+    model.write_text(text.replace(declared, ""))
+    before = tree_digest(root)
+    result = run_script("scripts/patch-layer", "v9", "--root", str(root), "--json")
+    assert result.returncode == 3
+    reason = json.loads(result.stdout)["reason"]
+    assert reason == (
+        "the base ships DFlash2DraftModel (its registry maps it), so v9's diff does not apply, yet not "
+        "as v9 provides it: vllm.model_executor.models.qwen3_dflash2.DFlash2Qwen3ForCausalLM declares "
+        "no speculator_config_class, so init_speculator never reaches DFlash2Speculator")
     assert tree_digest(root) == before
 
 

@@ -29,7 +29,7 @@ from recipekit.layers.v13_weights import (
 from recipekit.tree import TreeView
 from tests.vllm.conftest import REPO_ROOT
 
-GLM5NEXT_RELEASES = ("0.30.0", "0.33.0")
+GLM5NEXT_RELEASES = ("0.30.0", "0.33.0", "0.34.0")
 # the seed's v13 list: group -> (the layer type that holds it, its linears, the vLLM class
 # each is built from); GLM-5.3-Flash has 45 layers, 34 KDA and 11 MLA
 SEED_GROUPS = {

@@ -115,8 +115,9 @@ def capture_kernel_inputs(modelopt) -> dict:
         return tuple(kwargs[k] for k in ("w13", "w13_scale", "w13_scale_2", "a13_scale", "w2",
                                          "w2_scale", "w2_scale_2", "a2_scale"))
 
-    kernel = types.SimpleNamespace(
-        fused_experts=types.SimpleNamespace(process_weights_after_loading=lambda layer: None))
+    kernel = types.SimpleNamespace(  # 0.34.0 also calls keep_constants before loading
+        fused_experts=types.SimpleNamespace(process_weights_after_loading=lambda layer: None,
+                                            keep_constants=lambda layer: None))
     modelopt.convert_to_nvfp4_moe_kernel_format = convert
     modelopt.make_nvfp4_moe_kernel = lambda **kwargs: kernel
     modelopt.make_nvfp4_moe_quant_config = lambda **kwargs: None
