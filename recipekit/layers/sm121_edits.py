@@ -44,6 +44,8 @@ class Change:
     summary: str
     edit: Callable  # (module or text) -> (module or text, present: bool, detail: str)
     skip_when: Callable[[TreeView], str | None] | None = None  # why this base does not need it
+    # which of ``files`` hold the target on this tree (default: every one that exists)
+    locate: Callable[[TreeView], list[str]] | None = None
 
 
 def edited(

@@ -105,7 +105,8 @@ class Sm121Layer(Layer):
             if skip:
                 findings.append(Finding(change.id, "skipped", change.files[0], skip))
                 continue
-            where = [path for path in change.files if view.exists(path)]
+            where = (change.locate(view) if change.locate
+                     else [path for path in change.files if view.exists(path)])
             if not where:
                 missing = " and ".join(change.files)
                 findings.append(
