@@ -87,7 +87,7 @@ def run_case(modelopt, marlin_moe, scalar_types, backend, function, data, x, ids
     modelopt.make_nvfp4_moe_kernel = lambda **kwargs: types.SimpleNamespace(
         fused_experts=types.SimpleNamespace(process_weights_after_loading=lambda layer: None))
     try:
-        layer = probe.load_layer(modelopt, *data)
+        layer = probe.load_layer(modelopt, *data[:3])
         layer.hidden_size, layer.intermediate_size_per_partition = HIDDEN, ROWS
         method = probe.make_method(modelopt)
         method.nvfp4_backend = backend

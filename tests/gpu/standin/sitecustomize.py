@@ -1,38 +1,57 @@
-"""On PYTHONPATH of the GPU tier's Glm5Next servers only (tests/gpu/run d). DeepGEMM's
-compiled module does not load under the H200's torch 2.11 (docs/gpu-tier.md), and Glm5Next's
-sparse indexer has no other path to its MQA logits in vLLM 0.30.0. This puts the float32
-stand-in of tests/gpu/mqa_logits_reference.py in place of those kernels alone, as soon as
-vllm.utils.deep_gemm is imported and before any module imports them by name; every other
-kernel of the forward is vLLM's own."""
+"""On PYTHONPATH of the GPU tier's Glm5Next servers only (tests/gpu/run d). Two kernel
+families of Glm5Next's forward cannot run on the GPU machine, and each is replaced as soon as
+its vLLM module is imported, before any other module binds its names:
+- DeepGEMM's compiled module does not load under the machine's torch 2.11 (docs/gpu-tier.md),
+  and the sparse indexer has no other path to its MQA logits in vLLM 0.30.0: the float32
+  stand-in of tests/gpu/mqa_logits_reference.py takes those two functions.
+- TileLang is not installed there (0.30.0 wants tilelang 0.1.12, over 64 MiB with its solver),
+  and on CUDA the MHC ops call TileLang alone: tests/gpu/mhc_fallback.py points them at the
+  path vLLM itself takes where TileLang is absent (its torch and Triton MHC kernels).
+Every other kernel of the forward is vLLM's own CUDA path."""
 
 import importlib.abc
 import importlib.util
 import os
 import sys
 
-TARGET = "vllm.utils.deep_gemm"
-REFERENCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir,
-                         "mqa_logits_reference.py")
+HERE = os.path.dirname(os.path.abspath(__file__))
+# vLLM module -> (file beside this package, its function that takes the loaded module)
+REPLACEMENTS = {
+    "vllm.utils.deep_gemm": ("mqa_logits_reference.py", "install"),
+    "vllm.model_executor.layers.mhc": ("mhc_fallback.py", "install"),
+}
 
 
-class _StandInForDeepGemmLogits(importlib.abc.MetaPathFinder):
+def _load(file_name: str):
+    spec = importlib.util.spec_from_file_location(
+        "gpu_tier_" + file_name.removesuffix(".py"), os.path.join(HERE, os.pardir, file_name))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class _ReplaceOnImport(importlib.abc.MetaPathFinder):
+    def __init__(self, pending: dict):
+        self.pending = dict(pending)
+
     def find_spec(self, name, path, target=None):
-        if name != TARGET:
+        if name not in self.pending:
             return None
+        file_name, function = self.pending.pop(name)
         sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            if self.pending:
+                sys.meta_path.insert(0, self)
         run_module = spec.loader.exec_module
 
         def exec_module(module):
             run_module(module)
-            loaded = importlib.util.spec_from_file_location("gpu_mqa_logits_reference",
-                                                            REFERENCE)
-            reference = importlib.util.module_from_spec(loaded)
-            loaded.loader.exec_module(reference)
-            reference.install(module)
+            getattr(_load(file_name), function)(module)
 
         spec.loader.exec_module = exec_module
         return spec
 
 
-sys.meta_path.insert(0, _StandInForDeepGemmLogits())
+sys.meta_path.insert(0, _ReplaceOnImport(REPLACEMENTS))
