@@ -10,8 +10,8 @@ after COPYing the build context (staged by scripts/build.sh) to /opt/glm53-recip
    context, offline (pip --no-index), into /opt/glm53-recipe/pylib, so the base's own Python
    packages are left alone. A later layer with the same wheelhouse reuses the install.
 3. Finds the installed vllm package without importing it (importlib.util.find_spec).
-   v8 only: installs the pinned packages (patches/v8/packages.txt) from the context's
-   sm121-wheelhouse/ into the base's Python, offline (scripts/sm121-packages install), checks
+   v8 only: installs the pinned packages (patches/v8/packages*.txt, the set for the base's
+   vLLM release) from the context's sm121-wheelhouse/ into the base's Python, offline (scripts/sm121-packages install), checks
    them in a fresh interpreter (versions equal the pins, flashinfer-jit-cache absent,
    flashinfer installed beside vllm), and deletes the wheelhouse again.
 4. Runs scripts/patch-layer LAYER --root <dir holding vllm/> --json and writes its result to
@@ -142,8 +142,10 @@ def vllm_root() -> Path:
 def install_packages(root: Path) -> dict:
     """v8's pinned packages, installed from the context's wheelhouse and checked afresh."""
     tool = str(RECIPE / "scripts" / "sm121-packages")
-    say(f"v8: installing the pinned packages of {RECIPE / 'patches/v8/packages.txt'} (offline)")
-    if subprocess.run([sys.executable, tool, "install", "--wheelhouse", str(SM121_WHEELHOUSE)]).returncode:
+    # the base's vLLM release picks the set (patches/v8/packages-vllm-X.txt, else packages.txt)
+    say("v8: installing the pinned packages of this base's set (offline)")
+    if subprocess.run([sys.executable, tool, "install", "--wheelhouse", str(SM121_WHEELHOUSE),
+                       "--root", str(root)]).returncode:
         fail("v8: the pinned packages could not be installed (output above)")
     result = subprocess.run(
         [sys.executable, tool, "check", "--root", str(root), "--json"],

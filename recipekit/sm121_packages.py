@@ -19,13 +19,19 @@ import subprocess
 import sys
 from pathlib import Path
 
-PACKAGES = Path(__file__).resolve().parent.parent / "patches" / "v8" / "packages.txt"
+PACKAGES_DIR = Path(__file__).resolve().parent.parent / "patches" / "v8"
+PACKAGES = PACKAGES_DIR / "packages.txt"  # the vendor fork's set, and any base without its own
+VERSION_FILE = "vllm/_version.py"
 FLASHINFER = "flashinfer-python"
 JIT_CACHE = "flashinfer-jit-cache"  # FlashInfer's AOT kernels: stale ones must not load
 CUBIN = "flashinfer-cubin"  # FlashInfer's prebuilt kernels; only on FlashInfer's own index
 CUTLASS_FAMILY = "nvidia-cutlass-dsl"  # the meta package and every nvidia-cutlass-dsl-libs-*
 
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
+# `# base: NAME==VERSION`: a package the base image must already carry at that version; v8
+# checks it and never installs it (pip reads the line as a comment)
+_CARRIED = re.compile(r"^#\s*base:\s*(.+)$")
+VERSION_PATTERN = re.compile(r"^__version__[^=\n]*= version = '([^']+)'", re.M)
 
 
 class PackageError(RuntimeError):
@@ -36,8 +42,28 @@ def canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def read_pins(path: Path = PACKAGES) -> dict[str, str]:
-    """``name==version`` lines of a requirements file (hash options ignored), by canonical name."""
+def version_of(text: str | None) -> str | None:
+    """The vLLM version a vllm/_version.py states (None if it states none)."""
+    found = VERSION_PATTERN.search(text or "")
+    return found.group(1) if found else None
+
+
+def base_version(root: Path) -> str | None:
+    """The vLLM version of the tree in ROOT (root/vllm/_version.py), None if unstated."""
+    try:
+        return version_of((Path(root) / VERSION_FILE).read_text(encoding="utf-8"))
+    except OSError:
+        return None
+
+
+def packages_for(version: str | None) -> Path:
+    """v8's package set for a base of vLLM VERSION: patches/v8/packages-vllm-VERSION.txt where
+    that release needs packages of its own, else patches/v8/packages.txt."""
+    own = PACKAGES_DIR / f"packages-vllm-{version}.txt"
+    return own if version and own.is_file() else PACKAGES
+
+
+def _pins(path: Path, carried: bool) -> dict[str, str]:
     pins: dict[str, str] = {}
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
@@ -45,13 +71,27 @@ def read_pins(path: Path = PACKAGES) -> dict[str, str]:
         raise PackageError(f"{path}: cannot read the pins: {error.strerror}") from None
     for line in lines:
         stripped = line.strip()
-        if not stripped or stripped.startswith(("#", "--hash")):
+        base = _CARRIED.match(stripped)
+        if carried != bool(base) or not stripped or (not base and stripped.startswith(("#", "--hash"))):
             continue
-        found = _PIN.match(stripped)
+        pin = base.group(1).strip() if base else stripped
+        found = _PIN.match(pin)
         if not found:
             raise PackageError(f"{path}: `{stripped}` is not a `name==version` pin")
         pins[canonical(found.group(1))] = found.group(2)
-    if FLASHINFER not in pins:
+    return pins
+
+
+def read_carried(path: Path = PACKAGES) -> dict[str, str]:
+    """The ``# base: name==version`` lines: what the base must carry, never installed."""
+    return _pins(path, carried=True)
+
+
+def read_pins(path: Path = PACKAGES) -> dict[str, str]:
+    """``name==version`` lines of a requirements file (hash options ignored), by canonical name:
+    what v8 installs."""
+    pins = _pins(path, carried=False)
+    if FLASHINFER not in pins and FLASHINFER not in read_carried(path):
         raise PackageError(f"{path}: no {FLASHINFER}==VERSION pin")
     return pins
 
@@ -67,24 +107,30 @@ def installed() -> dict[str, list[str]]:
     return found
 
 
-def check(pins: dict[str, str], present: dict[str, list[str]]) -> list[str]:
-    """Every way ``present`` differs from ``pins``, one line each (empty: all good)."""
+def check(
+    pins: dict[str, str], present: dict[str, list[str]], carried: dict[str, str] | None = None
+) -> list[str]:
+    """Every way ``present`` differs from ``pins`` and from what the base must carry
+    (``carried``), one line each (empty: all good)."""
     problems = []
-    for name, version in pins.items():
+    carried = carried or {}
+    for name, version in {**pins, **carried}.items():
         versions = present.get(name, [])
+        pin = f"the pin is {version}" if name in pins else (
+            f"the base must carry {version} (v8 does not install it)")
         if not versions:
-            problems.append(f"{name} is not installed; the pin is {version}")
+            problems.append(f"{name} is not installed; {pin}")
         elif len(versions) > 1:
             problems.append(
-                f"{name} is installed {len(versions)} times ({', '.join(versions)}); the pin is {version}"
+                f"{name} is installed {len(versions)} times ({', '.join(versions)}); {pin}"
             )
         elif versions[0] != version:
-            problems.append(f"{name} is {versions[0]}; the pin is {version}")
+            problems.append(f"{name} is {versions[0]}; {pin}")
     if present.get(JIT_CACHE):
         problems.append(
             f"{JIT_CACHE} {', '.join(present[JIT_CACHE])} is installed; its AOT kernels must not load"
         )
-    flashinfer = pins[FLASHINFER]
+    flashinfer = pins.get(FLASHINFER) or carried[FLASHINFER]
     for version in present.get(CUBIN, []):
         if version != flashinfer:
             problems.append(
@@ -132,9 +178,10 @@ def install(
 ) -> list[str]:
     """Remove what must go, install the pins from ``wheelhouse``; returns what was removed."""
     pins = read_pins(packages)
+    flashinfer = pins.get(FLASHINFER) or read_carried(packages)[FLASHINFER]
     present = installed()
     remove = [JIT_CACHE] if present.get(JIT_CACHE) else []
-    if any(version != pins[FLASHINFER] for version in present.get(CUBIN, [])):
+    if any(version != flashinfer for version in present.get(CUBIN, [])):
         remove.append(CUBIN)
     removed = [f"{name} {', '.join(present[name])}" for name in remove]
     if remove:
@@ -142,7 +189,7 @@ def install(
         result = _pip(python, "uninstall", "--yes", *remove)
         if result.returncode:
             raise PackageError(f"pip uninstall {' '.join(remove)} failed: {_last_line(result)}")
-    log(f"installing {len(pins)} pinned packages offline from {wheelhouse}")
+    log(f"installing the {len(pins)} pinned packages of {packages} offline from {wheelhouse}")
     result = _pip(
         python,
         "install",

@@ -86,6 +86,7 @@ class Chain:
         packages = [layer for layer in self.layers if inputs.packages_file(layer).is_file()]
         self.steps, self.step = 4 + len(self.layers) + len(packages), 0
         self.engine = engine or Engine()
+        self.base_vllm = "-"  # the probe of the first base says (prepare)
 
     def tag(self, layer: str) -> str:
         return f"{self.args.tag_prefix}{self.recipe.chain_prefix}{layer}"
@@ -165,15 +166,19 @@ class Chain:
     def facts(self, ref: str, base_id: str) -> inputs.BaseFacts:
         cache = BUILD_DIR / "probe" / base_id.removeprefix("sha256:")
         probe = cache.read_text().strip() if cache.is_file() else self.engine.probe(base_id)
-        if not re.fullmatch(r"3\.\d+ \S+ 2\.\d+", probe):
-            raise BuildError(f"{ref}: unexpected probe result '{probe}' (want 'X.Y MACHINE GLIBC'); "
-                             f"delete {relative(cache)}")
+        if re.fullmatch(r"3\.\d+ \S+ 2\.\d+", probe):  # cached before the vLLM field existed
+            probe = self.engine.probe(base_id).strip()
+        if not re.fullmatch(r"3\.\d+ \S+ 2\.\d+ \S+", probe):
+            raise BuildError(f"{ref}: unexpected probe result '{probe}' (want 'X.Y MACHINE GLIBC "
+                             f"VLLM'); delete {relative(cache)}")
         facts = inputs.BaseFacts(*probe.split())
+        self.base_vllm = facts.vllm
         if int(facts.python.split(".")[1]) < 10:
             raise BuildError(f"{ref} has Python {facts.python}; the layer tool needs >= 3.10")
         cache.parent.mkdir(parents=True, exist_ok=True)
         cache.write_text(probe + "\n")
-        self.progress(f"base: {ref} ({base_id[7:19]}): Python {facts.python}, {facts.machine}, glibc {facts.glibc}")
+        self.progress(f"base: {ref} ({base_id[7:19]}): Python {facts.python}, {facts.machine}, "
+                      f"glibc {facts.glibc}, vLLM {facts.vllm}")
         return facts
 
     def prepare(self, ref: str, base_id: str) -> dict[str, Context]:
@@ -188,7 +193,8 @@ class Chain:
         contexts = {layer: shared for layer in self.layers}
         for layer in [name for name in self.layers if inputs.packages_file(name).is_file()]:
             wheels, note = inputs.packages_wheelhouse(sys.executable, facts, layer)
-            self.progress(f"sm121 packages: {wheels} ({note}, {len(list(wheels.glob('*.whl')))} wheels)")
+            self.progress(f"sm121 packages: {relative(facts.packages(layer))} for vLLM {facts.vllm}: "
+                          f"{wheels} ({note}, {len(list(wheels.glob('*.whl')))} wheels)")
             contexts[layer] = inputs.stage_packages_context(shared, layer, wheels)
             self.progress(f"context: {relative(contexts[layer].path)} (sha256 {contexts[layer].sha256[:16]})", False)
         return contexts
@@ -232,7 +238,11 @@ class Chain:
         base, index, commit = self.engine.inspect(base_id), LAYERS.index(layer), inputs.recipe_commit()
         below = base["Config"].get("Labels") or {}
         # glm53.chain lists every layer's outcome, when the base is this chain's previous layer.
-        earlier = below.get("glm53.chain", "") + " " if index and below.get("glm53.layer") == LAYERS[index - 1] else ""
+        chained = bool(index) and below.get("glm53.layer") == LAYERS[index - 1]
+        earlier = below.get("glm53.chain", "") + " " if chained else ""
+        # glm53.provided: the layers whose work the base does already (for the launcher's line)
+        provided = (below.get("glm53.provided", "").split() if chained else []) + (
+            [layer] if field["outcome"] == "provided-by-base" else [])
         labels = {
             "glm53.scheme": inputs.SCHEME, "glm53.layer": layer, "glm53.outcome": field["outcome"],
             "glm53.files": field.get("files", ""), "glm53.reason": field.get("reason", ""),
@@ -243,6 +253,7 @@ class Chain:
             "glm53.wheelhouse.sha256": context.wheelhouse_sha256, "glm53.base.id": base_id,
             "glm53.base.ref": base_ref, "glm53.base.digest": " ".join(base.get("RepoDigests") or []) or "none",
             "glm53.vllm.root": field.get("vllm_root", ""), "glm53.python": field.get("python", ""),
+            "glm53.base.vllm": self.base_vllm, "glm53.provided": " ".join(provided),
         }
         if context.packages_sha256:
             labels.update({"glm53.packages": field.get("packages", ""),

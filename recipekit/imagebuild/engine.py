@@ -15,12 +15,23 @@ from docker.errors import APIError, ContainerError, DockerException, ImageNotFou
 from docker.utils import parse_repository_tag
 
 from recipekit.imagebuild.inputs import BuildError
+from recipekit.sm121_packages import VERSION_PATTERN
 
 # Where docker/apply-layer.py records each layer's result inside the image.
 RECORD_DIR = "/opt/glm53-recipe/build-record"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
-PROBE = ('import os, platform, sys; print("%d.%d" % sys.version_info[:2], platform.machine(), '
-         'os.confstr("CS_GNU_LIBC_VERSION").split()[-1])')
+# The base's Python, machine, glibc and vLLM release (its vllm/_version.py, read without
+# importing vllm; "-" where it states none): the release picks v8's package set.
+PROBE = f"""
+import importlib.util, os, platform, re, sys
+spec = importlib.util.find_spec("vllm")
+where = list(spec.submodule_search_locations or []) if spec else []
+path = os.path.join(where[0], "_version.py") if where else ""
+text = open(path, encoding="utf-8").read() if path and os.path.isfile(path) else ""
+found = re.search({VERSION_PATTERN.pattern!r}, text, re.M)
+print("%d.%d" % sys.version_info[:2], platform.machine(),
+      os.confstr("CS_GNU_LIBC_VERSION").split()[-1], found.group(1) if found else "-")
+"""
 
 
 class Engine:

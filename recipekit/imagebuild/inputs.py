@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from recipekit.bootstrap import cache_root
+from recipekit.sm121_packages import packages_for
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_DIR = REPO_ROOT / "build"
@@ -55,10 +56,18 @@ def packages_file(layer: str) -> Path:  # where a layer that installs packages p
 
 @dataclass(frozen=True)
 class BaseFacts:
-    """What the base image's probe found: its Python, machine and glibc."""
+    """What the base image's probe found: its Python, machine, glibc and vLLM release ("-"
+    when its vllm/_version.py states none)."""
     python: str
     machine: str
     glibc: str
+    vllm: str
+
+    def packages(self, layer: str) -> Path:
+        """The package set LAYER installs on this base: v8's is the one for its vLLM release."""
+        if layer == "v8":
+            return packages_for(None if self.vllm == "-" else self.vllm)
+        return packages_file(layer)
 
     def pip_platforms(self) -> list[str]:
         """pip's --platform flags for every manylinux tag this glibc runs."""
@@ -131,7 +140,7 @@ def packages_wheelhouse(python: str, facts: BaseFacts, layer: str) -> tuple[Path
     """LAYER's pinned packages, sha256-checked; the documented alternative pins (FlashInfer's
     nightly) live on GLM53_SM121_EXTRA_INDEX."""
     index = os.environ.get("GLM53_SM121_EXTRA_INDEX", "")
-    return wheelhouse(python, facts, packages_file(layer), "sm121-wheelhouse", "--no-deps",
+    return wheelhouse(python, facts, facts.packages(layer), "sm121-wheelhouse", "--no-deps",
                       "--require-hashes", "--extra-index-url" if index else "", index)
 
 

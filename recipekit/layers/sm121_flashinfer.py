@@ -1,6 +1,6 @@
 """v8's FlashInfer changes: F1 in a CUDA header (exact context), F2 and F3 in Python (LibCST).
 
-F1 and F2's targets are in ``flashinfer-python==0.6.18`` (the pin in patches/v8/packages.txt);
+F1 and F2's targets are in ``flashinfer-python==0.6.18`` (the fork set's pin, patches/v8/packages.txt);
 in 0.6.17 F1's code does not exist and FP8 MLA is FA3-only, so both refuse there and say
 to install the pinned version first. FlashInfer 0.7.x (what vLLM 0.33.0 and 0.34.0 require)
 keeps F1's line, moves F2's check to the FA backends' shared planner
@@ -33,10 +33,8 @@ MLA_HEADER = "flashinfer/data/include/flashinfer/attention/mla.cuh"
 MLA_CORE = "flashinfer/mla/_core.py"
 FA_COMMON = "flashinfer/mla/_batch_mla/_backends/_fa_common.py"  # FlashInfer 0.7.x
 PACKAGE = "flashinfer/__init__.py"
-PINNED = "flashinfer-python==0.6.18"
-INSTALL_FIRST = (
-    f"install the pinned {PINNED} first (patches/v8/packages.txt; scripts/build.sh does)"
-)
+INSTALL_FIRST = ("install the FlashInfer of v8's package set for this base first "
+                 "(patches/v8/packages*.txt; scripts/build.sh does)")
 
 # F1: inside BatchMLAPagedAttention's DISPATCH_SMEM_CONFIG, the fp8 KV tile is capped at the
 # dispatched CTA_TILE_KV instead of forced to 32 (32 assumes Hopper's 228 KB of shared memory).

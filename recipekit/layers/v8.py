@@ -16,20 +16,17 @@ from __future__ import annotations
 
 import libcst as cst
 
-import re
-
 from recipekit.exact_patch import FileEdit, PatchPlan, PatchRefused
 from recipekit.layer import Layer
 from recipekit.layers.sm121_edits import Change, Drift, Finding
 from recipekit.layers.sm121_flashinfer import changes as flashinfer_changes
 from recipekit.layers.sm121_vllm import CHANGES as VLLM_CHANGES
 from recipekit.layers.sm121_vllm import CUDA, KPOOL_INDEXER_IMPORTERS
-from recipekit.sm121_packages import PACKAGES, read_pins
+from recipekit.sm121_packages import VERSION_FILE, packages_for, read_carried, read_pins, version_of
 from recipekit.tree import TreeView
 
-VERSION_FILE = "vllm/_version.py"
-# Requires-Dist of the releases' wheel METADATA that need FlashInfer 0.7.x: v8's 0.6.18 pin
-# would downgrade them, and F2's target moved in 0.7.x (mla/_batch_mla/_wrapper.py).
+# Requires-Dist of the releases' wheel METADATA that need FlashInfer 0.7.x: the fork set's
+# 0.6.18 would downgrade them, so each has a package set of its own (patches/v8/).
 BASE_REQUIRES = {
     "0.33.0": {"flashinfer-python": "0.7.2.post1", "nvidia-cutlass-dsl": "4.8.0"},
     "0.34.0": {"flashinfer-python": "0.7.3", "nvidia-cutlass-dsl": "4.8.0"},
@@ -38,24 +35,24 @@ BASE_REQUIRES = {
 
 def base_version(view: TreeView) -> str | None:
     """The tree's vLLM version as its vllm/_version.py states it (None if it does not)."""
-    found = re.search(r"^__version__[^=\n]*= version = '([^']+)'", view.read_text(VERSION_FILE) or "", re.M)
-    return found.group(1) if found else None
+    return version_of(view.read_text(VERSION_FILE))
 
 
 def package_problem(view: TreeView) -> str | None:
-    """One line when the base requires packages other than v8's pins (patches/v8/packages.txt)."""
+    """One line when the base requires packages other than v8's set for it (patches/v8/)."""
     version = base_version(view)
     required = BASE_REQUIRES.get(version or "")
     if required is None:
         return None
-    pins = read_pins(PACKAGES)
+    packages = packages_for(version)
+    pins = {**read_pins(packages), **read_carried(packages)}
     differ = {name: wanted for name, wanted in required.items() if pins.get(name) != wanted}
     if not differ:
         return None
     needs = " and ".join(f"{name}=={wanted}" for name, wanted in differ.items())
     pinned = " and ".join(f"{name}=={pins.get(name, 'unpinned')}" for name in differ)
-    return (f"vLLM {version} requires {needs}; v8 pins {pinned} (patches/v8/packages.txt) "
-            "and has no package set or FlashInfer edits for it")
+    return (f"vLLM {version} requires {needs}; v8 pins {pinned} (patches/v8/{packages.name}); "
+            f"add patches/v8/packages-vllm-{version}.txt with that release's packages")
 
 
 class _Files:

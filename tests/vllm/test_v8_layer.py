@@ -1,7 +1,9 @@
-"""v8 on real trees: vLLM 0.27.1, 0.30.0, 0.33.0, 0.34.0 and the FlashInfer 0.6.17 / 0.6.18 wheels.
+"""v8 on real trees: vLLM 0.27.1, 0.30.0, 0.33.0, 0.34.0 and the FlashInfer 0.6.17, 0.6.18,
+0.7.2.post1 and 0.7.4 wheels.
 
 The patched code is then exercised on CPU through vLLM's and FlashInfer's own functions
-(tests/vllm/probes/sm121_dispatch.py), the Triton kernel V7c changes runs in Triton's
+(tests/vllm/probes/sm121_dispatch.py; FlashInfer 0.7.x's planner:
+tests/vllm/probes/flashinfer07_fp8_plan.py), the Triton kernel V7c changes runs in Triton's
 interpreter, and F1's C++ expression is compiled and evaluated by g++.
 """
 
@@ -26,8 +28,11 @@ INDEXER_0330 = "vllm/models/glm5next/nvidia/sparse_indexer.py"
 KPOOL = "vllm/models/glm5next/nvidia/ops/kpool_compress.py"
 MLA_HEADER = "flashinfer/data/include/flashinfer/attention/mla.cuh"
 MLA_CORE = "flashinfer/mla/_core.py"
-ALL = ["D1", "D2a", "D2b", "D2c", "D4", "V7a", "V7b", "V7c", "F1", "F2"]
-INSTALL_FIRST = "install the pinned flashinfer-python==0.6.18 first"
+FA_COMMON = "flashinfer/mla/_batch_mla/_backends/_fa_common.py"
+ALL = ["D1", "D2a", "D2b", "D2c", "D4", "V7a", "V7b", "V7c", "F1", "F2", "F3"]
+# FlashInfer 0.6.x has no Python mirror of the kernel's fp8 tile: F3 is skipped there
+FORK_SET = dict.fromkeys(ALL[:-1], "applied") | {"F3": "skipped"}
+INSTALL_FIRST = "install the FlashInfer of v8's package set for this base first"
 
 
 def patch(root, *extra):
@@ -84,12 +89,12 @@ def patched_0300(tmp_path_factory, release):
 def test_0300_with_flashinfer_0618_applies_every_change(patched_0300, release):
     target, report = patched_0300
     assert report["outcome"] == "applied", report["reason"]
-    assert statuses(report) == dict.fromkeys(ALL, "applied")
+    assert statuses(report) == FORK_SET
     assert sorted(report["files"]) == sorted(
         [CUDA, SM90, INDEXER_0300, KPOOL, MLA_HEADER, MLA_CORE]
     )
     assert "touched modules import" in report["reason"]
-    assert report["reason"].endswith("[applied: D1 D2a D2b D2c D4 V7a V7b V7c F1 F2]")
+    assert report["reason"].endswith("[applied: D1 D2a D2b D2c D4 V7a V7b V7c F1 F2; skipped: F3]")
     stock = tree_digest(release("0.30.0")) | {
         f"flashinfer/{k}": v
         for k, v in tree_digest(flashinfer_tree("0.6.18") / "flashinfer").items()
@@ -103,7 +108,7 @@ def test_second_run_is_already_applied_and_byte_identical(patched_0300):
     before = tree_digest(target)
     code, report = patch(target)
     assert (code, report["outcome"]) == (0, "already-applied")
-    assert statuses(report) == dict.fromkeys(ALL, "present")
+    assert statuses(report) == dict.fromkeys(ALL[:-1], "present") | {"F3": "skipped"}
     assert report["files"] == []
     assert tree_digest(target) == before
 
@@ -133,30 +138,87 @@ def test_0271_applies_d4_and_says_why_it_skips_the_rest(root):
         "V7c": "skipped",
         "F1": "skipped",
         "F2": "skipped",
+        "F3": "skipped",
     }
     for change in ("D1", "D2a", "D2b", "D2c"):
         assert "no SM90 sparse MLA backend" in findings(report, change)[0]["detail"]
         assert "FLASHINFER_MLA_SPARSE_SM90" in findings(report, change)[0]["detail"]
     for change in ("V7a", "V7b", "V7c"):
         assert "no Glm5Next" in findings(report, change)[0]["detail"]
-    for change in ("F1", "F2"):
+    for change in ("F1", "F2", "F3"):
         assert "no flashinfer/ package beside vllm/" in findings(report, change)[0]["detail"]
     assert "return major in (9, 10)" in (target / CUDA).read_text()
 
 
-@pytest.mark.parametrize(("version", "flashinfer"), [("0.33.0", "0.7.2.post1"), ("0.34.0", "0.7.3")])
-def test_a_base_requiring_flashinfer_0_7_is_refused_in_one_line_naming_its_packages(root, version, flashinfer):
-    target = root(version)
+@pytest.mark.parametrize(("version", "flashinfer"), [("0.33.0", "0.7.2.post1"), ("0.34.0", "0.7.4")])
+def test_a_base_with_flashinfer_0_7_gets_every_change_and_f2_f3_in_the_fa_planner(root, version, flashinfer):
+    """0.33.0 with its own FlashInfer; 0.34.0 with 0.7.4, the release after its 0.7.3 (not on
+    PyPI): F2's check and F3's two tile mirrors are in the FA backends' shared planner."""
+    target = root(version, flashinfer)
+    code, report = patch(target, "--require-flashinfer", "--import-check", "off")
+    assert (code, report["outcome"]) == (0, "applied"), report["reason"]
+    assert statuses(report) == dict.fromkeys(ALL, "applied")
+    assert sorted(report["files"]) == sorted([CUDA, SM90, INDEXER_0330, KPOOL, MLA_HEADER, FA_COMMON])
+    for change in ("F2", "F3"):
+        assert findings(report, change)[0]["file"] == FA_COMMON
+    planner = (target / FA_COMMON).read_text()
+    assert "major not in (9, 12)" in planner and "tile_kv = min(tile_kv, 32)" in planner
     before = tree_digest(target)
-    code, report = patch(target, "--import-check", "off")
-    assert (code, report["outcome"]) == (3, "refused")
-    assert report["reason"].startswith(
-        f"vLLM {version} requires flashinfer-python=={flashinfer} and nvidia-cutlass-dsl==4.8.0; "
-        "v8 pins flashinfer-python==0.6.18 and nvidia-cutlass-dsl==4.6.2 (patches/v8/packages.txt)")
-    assert "\n" not in report["reason"]
-    # Every vLLM edit was found, none written: a refusal, not half an application.
-    assert statuses(report) == dict.fromkeys(ALL[:8], "not-written") | {"F1": "skipped", "F2": "skipped"}
+    code, again = patch(target, "--require-flashinfer", "--import-check", "off")
+    assert (code, again["outcome"]) == (0, "already-applied")
+    assert statuses(again) == dict.fromkeys(ALL, "present")
     assert tree_digest(target) == before
+
+
+@pytest.fixture(scope="module")
+def fa_planner(tmp_path_factory, release):
+    """FlashInfer 0.7.2.post1's FA planner as each device would see it: stock, and patched by
+    v8 on vLLM 0.33.0 (tests/vllm/probes/flashinfer07_fp8_plan.py)."""
+    reports = {}
+    for name in ("stock", "patched"):
+        target = tmp_path_factory.mktemp(f"fa-{name}") / "root"
+        shutil.copytree(flashinfer_tree("0.7.2.post1") / "flashinfer", target / "flashinfer",
+                        copy_function=os.link)
+        if name == "patched":
+            shutil.copytree(release("0.33.0") / "vllm", target / "vllm", copy_function=os.link)
+            code, report = patch(target, "--import-check", "off")
+            assert (code, report["outcome"]) == (0, "applied"), report["reason"]
+            shutil.rmtree(target / "vllm")  # the probe imports FlashInfer alone
+        result = subprocess.run(
+            [sys.executable, str(PROBES / "flashinfer07_fp8_plan.py")], capture_output=True,
+            text=True, timeout=300, check=False,
+            env={**os.environ, "PYTHONPATH": str(target), "PYTHONDONTWRITEBYTECODE": "1"})
+        assert result.returncode == 0, result.stderr[-3000:]
+        reports[name] = json.loads(result.stdout.strip().splitlines()[-1])
+        assert reports[name]["flashinfer_file"].startswith(str(target))
+    return reports
+
+
+def test_f2_flashinfer_07_plans_nope_fp8_mla_on_gb10_and_refuses_what_does_not_fit(fa_planner):
+    stock, patched = fa_planner["stock"]["plan"], fa_planner["patched"]["plan"]
+    assert stock["9"] == patched["9"] == {"0": "planned", "64": "planned"}
+    assert all("requires an SM90 (Hopper) device, got SM121" in v for v in stock["12"].values())
+    # GLM-5.3-Flash's sparse MLA is NoPE (kpe 0): planned. With a 64-wide rope part the tile-16
+    # kernel needs 101,888 B of GB10's 101,376 B (as sizeof measured on a GPU): refused, not run.
+    assert patched["12"]["0"] == "planned"
+    assert patched["12"]["64"] == ("unsupported: fa2 MLA needs 101888 shared-memory bytes per "
+                                   "block, but this device supports 101376.")
+    assert all("got SM100" in v for v in patched["10"].values()), "F2 admits 12 only"
+
+
+def test_f3_the_planners_fp8_tile_follows_f1_on_gb10_only(fa_planner):
+    stock, patched = fa_planner["stock"], fa_planner["patched"]
+    # stock mirrors a forced tile of 32: on GB10 it asks 117,312 B (the kernel's stock sizeof)
+    assert stock["shared_bytes"]["12"] == {"0": 117312, "64": 129536}
+    assert patched["shared_bytes"]["12"] == {"0": 91680, "64": 101888}
+    for device in ("9", "10"):  # Hopper-sized shared memory dispatches 32 or more: unchanged
+        assert patched["shared_bytes"][device] == stock["shared_bytes"][device]
+        assert patched["causal"][device] == stock["causal"][device]
+    # A key the tile-32 kernel covers but the tile-16 one does not: stock would let it through
+    # on GB10, the patched bound refuses it there (the kernel GB10 runs has native tile 16).
+    assert stock["causal"]["12"]["48"] == "accepted"
+    assert "key=48, native KV tile=16" in patched["causal"]["12"]["48"]
+    assert stock["causal"]["9"]["48"] == "accepted"
 
 
 def as_unreleased(target):
@@ -168,13 +230,14 @@ def as_unreleased(target):
 
 
 def test_0330_finds_v7ab_where_it_moved_and_d4_under_its_cache_decorator(root):
-    # 0.33.0 itself is refused for its packages (above); its code shape on a dev build is not.
+    # 0.33.0's code shape on a dev build (a base without a package set of its own)
     target = as_unreleased(root("0.33.0"))
     code, report = patch(target, "--import-check", "off")
     assert (code, report["outcome"]) == (0, "applied")
     assert statuses(report) == dict.fromkeys(ALL[:8], "applied") | {
         "F1": "skipped",
         "F2": "skipped",
+        "F3": "skipped",
     }
     for change in ("V7a", "V7b"):
         (found,) = findings(report, change)
@@ -277,7 +340,7 @@ def test_a_change_the_base_already_has_is_present_and_the_rest_apply(root):
     rewrite(target / CUDA, "return major >= 9", "return major in (9, 10)")
     code, report = patch(target, "--import-check", "off")
     assert (code, report["outcome"]) == (0, "applied")
-    assert statuses(report) == dict.fromkeys(ALL, "applied") | {"D4": "present"}
+    assert statuses(report) == FORK_SET | {"D4": "present"}
 
 
 @pytest.fixture(scope="module")
@@ -419,10 +482,10 @@ def test_fork_shape_with_flashinfer_0618_applies_every_change_then_is_already_ap
     target = root("fork", "0.6.18")
     code, report = patch(target, "--require-flashinfer")
     assert (code, report["outcome"]) == (0, "applied"), report["reason"]
-    assert statuses(report) == dict.fromkeys(ALL, "applied")
+    assert statuses(report) == FORK_SET
     assert sorted(report["files"]) == sorted([CUDA, SM90, INDEXER_0300, KPOOL, MLA_HEADER, MLA_CORE])
     before = tree_digest(target)
     code, again = patch(target, "--require-flashinfer")
     assert (code, again["outcome"]) == (0, "already-applied")
-    assert statuses(again) == dict.fromkeys(ALL, "present")
+    assert statuses(again) == dict.fromkeys(ALL[:-1], "present") | {"F3": "skipped"}
     assert tree_digest(target) == before
