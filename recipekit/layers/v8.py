@@ -14,6 +14,8 @@ The packages v8 pins (P) are installed by the image build before this runs
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import libcst as cst
 
 from recipekit.exact_patch import FileEdit, PatchPlan, PatchRefused
@@ -51,8 +53,9 @@ def package_problem(view: TreeView) -> str | None:
         return None
     needs = " and ".join(f"{name}=={wanted}" for name, wanted in differ.items())
     pinned = " and ".join(f"{name}=={pins.get(name, 'unpinned')}" for name in differ)
-    return (f"vLLM {version} requires {needs}; v8 pins {pinned} (patches/v8/{packages.name}); "
-            f"add patches/v8/packages-vllm-{version}.txt with that release's packages")
+    own = f"patches/v8/packages-vllm-{version}.txt"
+    todo = f"pin them in {own}" if packages.name == Path(own).name else f"add {own} with them"
+    return f"vLLM {version} requires {needs}; v8 pins {pinned} (patches/v8/{packages.name}); {todo}"
 
 
 class _Files:

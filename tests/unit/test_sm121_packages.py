@@ -1,11 +1,26 @@
-"""P of layer v8: the pins file, and the check of what is installed against it."""
+"""P of layer v8: the package sets (one per base vLLM release that needs its own), and the
+check of what is installed against them."""
 
 import re
 
 import pytest
 
 from recipekit.flashinfer_sources import WHEEL_SHA256 as FLASHINFER_SHA256
-from recipekit.sm121_packages import PACKAGES, PackageError, check, notes, read_pins
+from recipekit.layers import v8
+from recipekit.sm121_packages import (
+    PACKAGES,
+    PACKAGES_DIR,
+    PackageError,
+    base_version,
+    check,
+    notes,
+    packages_for,
+    read_carried,
+    read_pins,
+)
+from recipekit.tree import TreeView
+
+SETS = sorted(PACKAGES_DIR.glob("packages*.txt"))
 
 PINS = {
     "flashinfer-python": "0.6.18",
@@ -26,14 +41,76 @@ def test_the_pins_are_the_seeds_versions():
     assert read_pins() == PINS
 
 
-def test_every_pin_carries_sha256_and_flashinfer_matches_the_source_tree_pin():
-    text = PACKAGES.read_text()
-    blocks = re.split(r"\n(?=[a-z])", text[text.index("flashinfer-python==") :])
+@pytest.mark.parametrize("path", SETS, ids=lambda path: path.name)
+def test_every_pin_carries_sha256_and_flashinfer_matches_the_source_tree_pin(path):
+    text = path.read_text()
+    pins = read_pins(path)
+    first = next(line for line in text.splitlines() if line and not line.startswith("#"))
+    blocks = re.split(r"\n(?=[a-z])", text[text.index(first):])
+    assert len(blocks) == len(pins)
     for block in blocks:
-        assert re.findall(r"--hash=sha256:[0-9a-f]{64}", block), block.splitlines()[0]
-    flashinfer = blocks[0]
-    assert flashinfer.startswith("flashinfer-python==0.6.18")
-    assert re.findall(r"sha256:([0-9a-f]{64})", flashinfer) == [FLASHINFER_SHA256["0.6.18"]]
+        hashes = re.findall(r"--hash=sha256:[0-9a-f]{64}", block)
+        # a pure-Python wheel has one; a binary one a hash per CPython 3.11/3.12 x aarch64/x86_64
+        # (NCCL's wheels are per platform only)
+        assert len(hashes) in (1, 2, 4), block.splitlines()[0]
+    if "flashinfer-python" in pins:
+        flashinfer = next(block for block in blocks if block.startswith("flashinfer-python=="))
+        version = pins["flashinfer-python"]
+        assert re.findall(r"sha256:([0-9a-f]{64})", flashinfer) == [FLASHINFER_SHA256[version]]
+    assert set(pins) | set(read_carried(path)) == set(PINS)
+
+
+@pytest.mark.parametrize("version", sorted(v8.BASE_REQUIRES))
+def test_each_release_needing_its_own_packages_has_a_set_that_gives_them(version):
+    path = packages_for(version)
+    assert path.name == f"packages-vllm-{version}.txt"
+    offered = read_pins(path) | read_carried(path)
+    for name, wanted in v8.BASE_REQUIRES[version].items():
+        assert offered[name] == wanted, (path.name, name)
+    family = {v for name, v in offered.items() if name.startswith("nvidia-cutlass-dsl")}
+    assert family == {v8.BASE_REQUIRES[version]["nvidia-cutlass-dsl"]}
+
+
+@pytest.mark.parametrize("version", [None, "0.1.dev20051+g487ecf187", "0.27.1", "0.30.0", "0.99.0"])
+def test_any_other_base_gets_the_fork_set(version):
+    assert packages_for(version) == PACKAGES
+
+
+def test_the_base_version_is_read_from_its_version_file(tmp_path):
+    assert base_version(tmp_path) is None
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm/_version.py").write_text(
+        "__version__: str\n__version__ = version = '0.34.0'\n__version_tuple__ = (0, 34, 0)\n")
+    assert base_version(tmp_path) == "0.34.0"
+    assert packages_for(base_version(tmp_path)).name == "packages-vllm-0.34.0.txt"
+
+
+def test_a_package_the_base_must_carry_is_checked_never_installed():
+    path = packages_for("0.34.0")
+    pins, carried = read_pins(path), read_carried(path)
+    assert carried == {"flashinfer-python": "0.7.3"} and "flashinfer-python" not in pins
+    present = {name: [version] for name, version in (pins | carried).items()}
+    assert check(pins, present, carried) == []
+    (problem,) = check(pins, present | {"flashinfer-python": ["0.7.4"]}, carried)
+    assert problem == ("flashinfer-python is 0.7.4; the base must carry 0.7.3 "
+                       "(v8 does not install it)")
+    (problem,) = check(pins, present | {"flashinfer-cubin": ["0.7.2"]}, carried)
+    assert "beside flashinfer-python 0.7.3" in problem
+
+
+def test_a_release_whose_set_lacks_its_packages_is_refused_in_one_line(tmp_path, monkeypatch):
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm/_version.py").write_text("__version__ = version = '0.33.0'\n")
+    assert v8.package_problem(TreeView(tmp_path)) is None
+    monkeypatch.setitem(v8.BASE_REQUIRES, "0.33.0", {"flashinfer-python": "0.7.9"})
+    assert v8.package_problem(TreeView(tmp_path)) == (
+        "vLLM 0.33.0 requires flashinfer-python==0.7.9; v8 pins flashinfer-python==0.7.2.post1 "
+        "(patches/v8/packages-vllm-0.33.0.txt); pin them in patches/v8/packages-vllm-0.33.0.txt")
+    monkeypatch.setitem(v8.BASE_REQUIRES, "0.30.0", {"nvidia-cutlass-dsl": "4.7.1"})
+    (tmp_path / "vllm/_version.py").write_text("__version__ = version = '0.30.0'\n")
+    assert v8.package_problem(TreeView(tmp_path)) == (
+        "vLLM 0.30.0 requires nvidia-cutlass-dsl==4.7.1; v8 pins nvidia-cutlass-dsl==4.6.2 "
+        "(patches/v8/packages.txt); add patches/v8/packages-vllm-0.30.0.txt with them")
 
 
 def test_installed_pins_pass():

@@ -13,12 +13,16 @@ import shutil
 import pytest
 
 from launcher.render import LAYER_OUTCOMES
+from recipekit.flashinfer_sources import flashinfer_tree
 from recipekit.layers import PATCHERS, load_layer, run_layer
 from recipekit.vllm_sources import known_trees
 
 # The images' order: each Dockerfile runs its layer, then the patchers named after it.
 CHAIN = ("v8", "v8_moe_scales", "v9", "v10", "v11", "v11_dflash_block_drop", "v13", "v13_weights")
 TREES = ("0.27.1", "fork", "0.30.0", "0.33.0", "0.34.0")
+# The FlashInfer each tree's image carries beside vLLM, so that v8's F1-F3 answer too: the
+# fork set's 0.6.18, 0.33.0's own 0.7.2.post1, and for 0.34.0 (0.7.3, not on PyPI) 0.7.4
+FLASHINFER = {"fork": "0.6.18", "0.30.0": "0.6.18", "0.33.0": "0.7.2.post1", "0.34.0": "0.7.4"}
 _GROUPS = re.compile(r" \[([^\]]*)\]$")
 
 
@@ -38,6 +42,9 @@ def outcomes(tmp_path_factory, release):
     for tree in TREES:
         root = tmp_path_factory.mktemp(f"chain-{tree}")
         shutil.copytree(release(tree) / "vllm", root / "vllm", copy_function=os.link)
+        if tree in FLASHINFER:
+            shutil.copytree(flashinfer_tree(FLASHINFER[tree]) / "flashinfer", root / "flashinfer",
+                            copy_function=os.link)
         table[tree] = {name: cell(run_layer(load_layer(name), root, import_check="off")) for name in CHAIN}
     return table
 
@@ -66,12 +73,12 @@ def test_the_recorded_outcomes_are_this_run_s(outcomes):
 
 def test_0340_gives_the_answers_its_code_supports(outcomes):
     """Checked in 0.34.0's own code (issue 39): DFlash2 upstream via the speculator registry,
-    v10, v11, the block drop and v13's kpool-tail and indexer-ws provided; v8 refused for its
-    packages; the MoE scale fix, router-fp32, adaptive verify, skip-mtp-weights and weight
+    v10, v11, the block drop and v13's kpool-tail and indexer-ws provided; v8 with every
+    change (its package set, patches/v8/packages-vllm-0.34.0.txt, asks the base for FlashInfer
+    0.7.3); the MoE scale fix, router-fp32, adaptive verify, skip-mtp-weights and weight
     groups applied."""
     cells = outcomes["0.34.0"]
-    assert cells["v8"].startswith("refused: vLLM 0.34.0 requires flashinfer-python==0.7.3 and "
-                                  "nvidia-cutlass-dsl==4.8.0")
+    assert cells["v8"] == "applied (applied: D1 D2a D2b D2c D4 V7a V7b V7c F1 F2 F3)"
     for name in ("v9", "v10", "v11", "v11_dflash_block_drop"):
         assert cells[name] == "provided-by-base", name
     assert cells["v13"] == ("applied (provided: kpool-tail indexer-ws; "
