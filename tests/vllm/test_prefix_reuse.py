@@ -52,8 +52,8 @@ def run_probe(tree, *extra_cases):
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory, release):
     """{tree name: the probe's report}: 0.30.0 and the fork shape with v11 and its
-    v11_dflash_block_drop (as the chain serves them), 0.33.0 as released (both provided by the
-    base)."""
+    v11_dflash_block_drop (as the chain serves them), 0.33.0 and 0.34.0 as released (both
+    provided by the base)."""
     out = {}
     for base in ("0.30.0", "fork"):
         root = tmp_path_factory.mktemp(f"prefix-{base}") / "tree"
@@ -63,6 +63,7 @@ def reports(tmp_path_factory, release):
             assert code == 0 and report["outcome"] == "applied", report
         out[f"{base}+v11"] = run_probe(root, *([STOCK_DROP_CASE] if base == "0.30.0" else FORK_FULL_BLOCK_CASES))
     out["0.33.0"] = run_probe(release("0.33.0"))
+    out["0.34.0"] = run_probe(release("0.34.0"))
     print("\n" + table(out))
     return out
 
@@ -110,18 +111,39 @@ def test_undrafted_turn_2_reuses_up_to_the_last_kda_checkpoint(reports):
 def test_a_block_aligned_first_prompt_keeps_nothing_for_turn_2_on_0_30_0(reports):
     """vLLM 0.30.0 retains (retention interval 0, its default) the KDA state at the resend's
     boundary only (prompt - 1, floored): on a 2304-aligned prompt that is one block below the
-    only state prefill wrote. 0.33.0 keeps the longer sibling's boundary too."""
+    only state prefill wrote. 0.33.0 and 0.34.0 keep the longer sibling's boundary too,
+    drafted or not."""
     assert reports["0.30.0+v11"]["off-sync-roomy-aligned"]["turn2_hit"] == 0
-    assert reports["0.33.0"]["off-sync-roomy-aligned"]["turn2_hit"] == BEST
+    for tree in ("0.33.0", "0.34.0"):
+        for case in ("off-sync-roomy-aligned", "accept-sync-roomy-aligned"):
+            assert reports[tree][case]["turn2_hit"] == BEST, (tree, case)
 
 
-def test_0_33_0_drafting_costs_turn_2_nothing(reports):
-    """0.33.0 marks the drafter's layers (is_draft) and gives DFlash no trailing-block drop."""
-    report = reports["0.33.0"]
-    for case in ("accept-sync-roomy", "reject-sync-roomy", "accept-async-roomy", "reject-async-roomy"):
-        row = report[case]
-        assert row["turn2_hit"] == report["off-sync-roomy"]["turn2_hit"] == BEST, case
-        assert row["draft_window_blocks_present"] == row["draft_window_blocks_needed"] >= 1, case
+def test_0_33_0_and_0_34_0_drafting_costs_turn_2_nothing(reports):
+    """0.33.0 and 0.34.0 mark the drafter's layers (is_draft), give DFlash no trailing-block
+    drop and plan the drafter's own group at the attention block: hash block 2304, no EAGLE
+    group, the undrafted hit."""
+    for tree in ("0.33.0", "0.34.0"):
+        report = reports[tree]
+        for case in ("accept-sync-roomy", "reject-sync-roomy", "accept-async-roomy", "reject-async-roomy"):
+            row = report[case]
+            assert row["turn2_hit"] == report["off-sync-roomy"]["turn2_hit"] == BEST, (tree, case)
+            assert row["turn2_prefill"] == row["turn2_prompt"] - BEST, (tree, case)
+            assert row["draft_window_blocks_present"] == row["draft_window_blocks_needed"] >= 1, (tree, case)
+            assert row["hash_block"] == BLOCK and row["eagle_group_ids"] == [], (tree, case)
+            assert row["groups"][-1] == f"SlidingWindowSpec/{BLOCK}", (tree, case)
+
+
+def test_0_34_0_plans_the_drafter_as_0_33_0_does(reports):
+    """0.34.0's planner gives the drafter's sliding-window layers their own group at the
+    attention block, as 0.33.0's already did: the same groups, and the same pool at the
+    launcher's pin (188 blocks with the drafter, 697 without)."""
+    old, new = reports["0.33.0"], reports["0.34.0"]
+    assert new["accept-sync-roomy"]["groups"] == old["accept-sync-roomy"]["groups"]
+    assert new["accept-sync-roomy"]["groups"].count(f"SlidingWindowSpec/{BLOCK}") == 1
+    for case in ("pin-target", "pin-drafter"):
+        assert new[case]["num_blocks"] == old[case]["num_blocks"], case
+    assert new["pin-drafter"]["num_blocks"] < new["pin-target"]["num_blocks"] // 3
 
 
 def assert_drafting_keeps_the_last_block(row, case):

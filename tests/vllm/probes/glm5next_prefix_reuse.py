@@ -1,7 +1,7 @@
 """Two turns of one conversation through vLLM's own Scheduler with Glm5Next's KV groups.
 
 Run with PYTHONPATH set to a vLLM tree (0.30.0 or the fork shape, with or without v11;
-0.33.0 as released). The KV cache config is what the tree's own planner builds for
+0.33.0 or 0.34.0 as released). The KV cache config is what the tree's own planner builds for
 GLM-5.3-Flash at TP=2 and the seed's settings (block 2304: five MLA layers with their
 DSA indexers and kpool tails in the model's own tail spec, 18 KDA states in "align"
 mode) plus, when drafting, DFlash2's five sliding-window layers (window 2048). The
@@ -218,8 +218,11 @@ class Driver:
             self.drafts_accepted += accepted
             sampled.append([self._token() for _ in range(accepted + 1)])
             del scheduled
-        return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                                 sampled_token_ids=sampled)
+        index = {}
+        if "req_id_to_index" in {f.name for f in dataclasses.fields(ModelRunnerOutput)}:
+            # 0.34.0 dropped the field: its scheduler indexes the outputs by req_ids' order.
+            index["req_id_to_index"] = {r: i for i, r in enumerate(req_ids)}
+        return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled, **index)
 
     def _token(self) -> int:
         self.next_token += 1
