@@ -117,6 +117,10 @@ def test_chain_on_0300_standin_builds_every_layer_with_labels(chain_0300):
     assert labels(tag(prefix, "v13"))["glm53.chain"] == (
         "v9=provided-by-base v10=applied v11=applied v13=applied"
     )
+    # The probe read the stand-in's vllm/_version.py; the launcher reads these two.
+    top = labels(tag(prefix, "v13"))
+    assert (top["glm53.base.vllm"], top["glm53.provided"]) == ("0.30.0", "v9")
+    assert re.search(r"base: \S+ \(\w+\): Python 3\.\d+, \S+, glibc [\d.]+, vLLM 0\.30\.0", run.output)
     # Image v13 ran v13_weights after v13 (docker/Dockerfile.sm121-v13), its record beside v13's.
     weights = docker("run", "--rm", "--network", "none", "--entrypoint", "cat", tag(prefix, "v13"),
                      "/opt/glm53-recipe/build-record/v13_weights.json").stdout
@@ -332,6 +336,9 @@ def test_v8_on_the_fork_standin_installs_the_pins_and_records_every_change(chain
     assert v8["glm53.base.id"] == image_id(base)
     assert sorted(v8["glm53.packages"].split(",")) == PINNED
     assert re.fullmatch(r"[0-9a-f]{64}", v8["glm53.packages.wheelhouse.sha256"])
+    # the stand-in's release has no set of its own: the fork's, picked from its _version.py
+    assert f"sm121 packages: patches/v8/packages.txt for vLLM {v8['glm53.base.vllm']}:" in run.output
+    assert v8["glm53.base.vllm"] != "-" and v8["glm53.provided"] == ""
     files = v8["glm53.files"].split(",")
     assert "flashinfer/data/include/flashinfer/attention/mla.cuh" in files
     assert "flashinfer/mla/_core.py" in files
