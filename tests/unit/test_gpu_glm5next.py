@@ -39,6 +39,8 @@ def test_part_d_servers_run_the_launchers_k7_argv_on_glm5next_with_the_stand_in(
             '{"cudagraph_capture_sizes":[1,2,4,8,16]}'  # the launcher's at k = 7
         assert server.env["PYTHONPATH"].split(os.pathsep)[0] == str(part_d.STANDIN)
         assert server.env["VLLM_USE_DEEP_GEMM"] == "0"
+        # TileLang is absent on the GPU machine: its JIT warm-up must not import it
+        assert json.loads(argv[argv.index("--kernel-config") + 1]) == {"enable_jit_warmup": False}
         spec = argv[argv.index("--speculative-config") + 1] \
             if "--speculative-config" in argv else None
         drafted = name in ("drafted", "ring-off", "tau-0.3")
@@ -80,6 +82,25 @@ def test_the_stand_in_replaces_only_the_indexer_kernels_at_first_import(tmp_path
     assert done.stdout.split() == ["gpu_mqa_logits_reference", "_missing",
                                    "gpu_mqa_logits_reference"]
     assert "stand-in installed: tests/gpu/mqa_logits_reference.py" in done.stderr
+
+
+def test_the_mhc_ops_take_vllms_own_path_without_tilelang():
+    """tests/gpu/standin on the real vLLM 0.30.0 (the test venv's): every MHC op with a
+    TileLang-free path has forward_cuda pointing at it, and the log says so."""
+    probe = textwrap.dedent("""
+        import vllm.model_executor.layers.mhc as mhc
+        ops = [n for n, v in vars(mhc).items() if isinstance(v, type)
+               and issubclass(v, mhc.CustomOp) and v is not mhc.CustomOp]
+        print(" ".join(sorted(n for n in ops
+                              if getattr(mhc, n).forward_cuda is getattr(mhc, n).forward_hip)))
+    """)
+    env = {**os.environ, "PYTHONPATH": str(part_d.STANDIN)}
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          env=env, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    ops = "HCHeadOp MHCFusedPostPreOp MHCPostOp MHCPreDelayedOp MHCPreOp"
+    assert done.stdout.strip().splitlines()[-1].split() == ops.split()  # vLLM may warn first
+    assert f"MHC fallback installed for {ops.replace(' ', ', ')}" in done.stderr
 
 
 @pytest.mark.parametrize("other, near, equal", [

@@ -24,7 +24,7 @@ REPLACEMENTS = {
 
 def _load(file_name: str):
     spec = importlib.util.spec_from_file_location(
-        "gpu_tier_" + file_name.removesuffix(".py"), os.path.join(HERE, os.pardir, file_name))
+        "gpu_" + file_name.removesuffix(".py"), os.path.join(HERE, os.pardir, file_name))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
