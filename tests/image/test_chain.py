@@ -375,7 +375,7 @@ def test_the_serving_image_holds_the_pins_and_every_v8_change(chain_fork):
     found = {finding["change"]: finding["status"] for finding in check["changes"]}
     assert found == dict.fromkeys(
         ("D1", "D2a", "D2b", "D2c", "D4", "V7a", "V7b", "V7c", "F1", "F2"), "present"
-    )
+    ) | {"F3": "skipped"}  # FlashInfer 0.6.18 has no Python mirror of the fp8 tile
     assert no_jit_cache == "True"
 
 
