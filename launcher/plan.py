@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher import apikey, pins
+from launcher import apikey, image_base, pins
 from launcher.checks import Checked, image_switches
 from launcher.drafter import cksum
 from launcher.remote import Nodes
@@ -93,12 +93,14 @@ class RankPlan:
 
 @dataclass(frozen=True)
 class Launch:
-    """A run's settings with its pins settled and, once known, the image ID."""
+    """A run's settings with its pins settled and, once known, the image ID and what its
+    labels say of its base (launcher/image_base.py)."""
     checked: Checked
     nodes: Nodes
     model_pin: str
     drafter_pin: str
     image_id: str = IMAGE_ID_UNKNOWN
+    base: image_base.ImageBase = image_base.UNKNOWN
 
     @property
     def recipe(self):
@@ -142,7 +144,8 @@ def jit_cache_dir(jit_cache: str, image_id: str) -> str:
 
 
 def settle(checked: Checked, nodes: Nodes, resolved: Mapping[str, str] | None = None,
-           image_id: str = IMAGE_ID_UNKNOWN) -> Launch:
+           image_id: str = IMAGE_ID_UNKNOWN,
+           base: image_base.ImageBase = image_base.UNKNOWN) -> Launch:
     """The launch with its model and drafter pins: the knob's, the known pin or PINS_FILE's,
     else what this run RESOLVED (repo -> commit), else the DRY_RUN placeholder."""
     resolved = resolved or {}
@@ -164,7 +167,7 @@ def settle(checked: Checked, nodes: Nodes, resolved: Mapping[str, str] | None = 
             drafter_pin = (pins.known(checked["PINS_FILE"], drafter.repo_id,
                                       checked["DRAFTER_REVISION"], drafter.catalog_revision)
                            or resolved.get(drafter.repo_id) or UNPINNED)
-    return Launch(checked, nodes, model_pin, drafter_pin, image_id)
+    return Launch(checked, nodes, model_pin, drafter_pin, image_id, base)
 
 
 @dataclass(frozen=True)
@@ -187,9 +190,11 @@ class Plan:
 
 
 def build(checked: Checked, nodes: Nodes, root: Path, resolved: Mapping[str, str] | None = None,
-          image_id: str = IMAGE_ID_UNKNOWN) -> Plan:
-    """The run's plan; RESOLVED and IMAGE_ID are what a real run found out (DRY_RUN: none)."""
-    launch = settle(checked, nodes, resolved, image_id)
+          image_id: str = IMAGE_ID_UNKNOWN,
+          base: image_base.ImageBase = image_base.UNKNOWN) -> Plan:
+    """The run's plan; RESOLVED, IMAGE_ID and BASE (the image's labels) are what a real run
+    found out (DRY_RUN: none)."""
+    launch = settle(checked, nodes, resolved, image_id, base)
     drafter = checked.drafter
     repos = [(launch.model_pin, launch["MODEL"]), (launch.drafter_pin, drafter.repo_id)]
     hub_drafter = launch.dflash2 and not drafter.local
@@ -536,7 +541,8 @@ def weights_phrase(launch: Launch) -> str:
 
 
 def startup_line(launch: Launch, drafter_phrase: str) -> str:
-    """The one start-up line: model, drafter and licence, k, context, graphs, KV pin, nodes."""
+    """The one start-up line: model, drafter and licence, k, context, graphs, KV pin, image
+    (what its base provides natively, as its labels say; the image switches on), nodes."""
     model = launch["MODEL"] if launch.local_model else f"{launch['MODEL']}@{launch.model_pin}"
     k = speculative_tokens(launch)
     if launch.dflash2:
@@ -553,7 +559,9 @@ def startup_line(launch: Launch, drafter_phrase: str) -> str:
     switches = image_switches_on(launch)
     verify = (f"; verify tau {launch['ADAPTIVE_VERIFY_TAU']}, max {launch['ADAPTIVE_VERIFY_MAX'] or k}"
               if launch["ADAPTIVE_VERIFY"] == "1" else "")
-    image = f"image {launch['IMAGE']}" + (f" ({' '.join(switches)} on{verify})" if switches else "")
+    about = [part for part in (image_base.startup_phrase(launch.base),
+                               f"{' '.join(switches)} on{verify}" if switches else "") if part]
+    image = f"image {launch['IMAGE']}" + (f" ({'; '.join(about)})" if about else "")
     return (f"model {model}, {drafter}, context {launch['MAX_MODEL_LEN']}, "
             f"{launch['MAX_NUM_SEQS']} seqs, {mode}, KV pin {kv} bytes ({gib(int(kv))} GiB "
             f"{launch['KV_CACHE_DTYPE']}){weights_phrase(launch)}, {image}, nodes "

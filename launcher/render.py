@@ -1,5 +1,6 @@
 """recipe.toml as Markdown: the knob, profile and fixed-part tables of README.md and
-docs/launcher.md, the known checkpoints of docs/checkpoints.md, and docs/images.md's
+docs/launcher.md (with its list of the engine settings a base vLLM release retired, from
+launcher/image_base.py), the known checkpoints of docs/checkpoints.md, and docs/images.md's
 per-layer, per-tree outcomes from patches/layer-outcomes.json (the vllm tier's
 tests/vllm/test_layer_outcomes.py checks that file against its run). scripts/render-docs writes them between `<!-- recipe:NAME -->` and
 `<!-- /recipe:NAME -->`; tests/unit/test_recipe_docs.py fails while a render is stale.
@@ -11,13 +12,14 @@ import json
 import re
 from pathlib import Path
 
+from launcher import image_base
 from recipekit.recipe import CHECKPOINT_FACTS, Knob, Recipe
 
 EMPTY = "—"
 # file -> the regions rendered into it
 REGIONS = {
     "README.md": ("front-knobs", "profiles"),
-    "docs/launcher.md": ("knobs", "profiles", "fixed"),
+    "docs/launcher.md": ("knobs", "profiles", "fixed", "retired-env"),
     "docs/checkpoints.md": ("checkpoints",),
     "docs/images.md": ("layer-outcomes",),
 }
@@ -158,8 +160,14 @@ def layer_outcomes_table(_: Recipe) -> str:
     return "\n".join(rows)
 
 
+def retired_env_list(_: Recipe) -> str:
+    """EXTRA_ENV settings refused on a base vLLM release that no longer honours them."""
+    return image_base.retired_list()
+
+
 RENDERERS = {"front-knobs": front_table, "knobs": knobs_table, "profiles": profiles_table,
-             "fixed": fixed_table, "checkpoints": checkpoints_table, "layer-outcomes": layer_outcomes_table}
+             "fixed": fixed_table, "checkpoints": checkpoints_table, "layer-outcomes": layer_outcomes_table,
+             "retired-env": retired_env_list}
 
 
 def region_pattern(name: str) -> re.Pattern:

@@ -15,8 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-from launcher import (apikey, extra_args, gpus, memguard, pins, plan, preflight,
-                      scan_verdict, steps)
+from launcher import (apikey, extra_args, gpus, image_base, memguard, pins, plan,
+                      preflight, scan_verdict, steps)
 from launcher.checks import Checked
 from launcher.remote import Nodes
 from launcher.settings import Failed, Refused, RefusedAbove, refusal
@@ -101,6 +101,7 @@ class Serving:
         self.guard: memguard.MemoryGuard | None = None
         self.run_dir: Path | None = None
         self.api_key: str | None = None
+        self.base = image_base.UNKNOWN  # what IMAGE's labels say of its base (ensure_images)
 
     def __getitem__(self, name: str) -> str:
         return self.checked[name]
@@ -122,7 +123,8 @@ class Serving:
         self.scan_checkpoint()
         resolved = {repo: self.resolve_and_record(repo, argv)
                     for repo, argv in self.plan.resolve.items()}
-        self.plan = plan.build(self.checked, self.nodes, self.root, resolved, image_id)
+        self.plan = plan.build(self.checked, self.nodes, self.root, resolved, image_id,
+                               self.base)
         phrase = self.prepare_drafter_everywhere()
         say(plan.startup_line(self.plan.launch, phrase))
         signal.signal(signal.SIGTERM, _interrupted)
@@ -265,7 +267,8 @@ class Serving:
 
     def ensure_images(self) -> str:
         """IMAGE on every node with the head's ID, which it returns: built on the head when
-        missing, streamed from the head to a worker that lacks it."""
+        missing, streamed from the head to a worker that lacks it. The head's copy's labels
+        are read once, before anything reaches a worker (check_image_base)."""
         image = self["IMAGE"]
         head_id = self.image_id_on(0, image)
         self.check_base(building=not head_id)
@@ -274,6 +277,7 @@ class Serving:
             head_id = self.image_id_on(0, image)
             if not head_id:
                 raise Failed(f"scripts/build.sh finished but {image} is still not on the head")
+        self.check_image_base()
         extra_args.check(image, self["EXTRA_ARGS"], self.checked.words["EXTRA_ARGS"], say)
         for index in range(1, len(self.nodes.addresses)):
             node = self.nodes.addresses[index]
@@ -288,6 +292,16 @@ class Serving:
                               f"accepted: one image ID on every node (docker rmi it on {node} "
                               "and rerun to stream the head's)")
         return head_id
+
+    def check_image_base(self) -> None:
+        """IMAGE's labels on the head: its base's vLLM release and the layers that base
+        provides (for the start-up line); an EXTRA_ENV setting that release no longer honours
+        is refused. An image without the labels is unknown: nothing refused."""
+        self.base = image_base.read(self.nodes, self["IMAGE"])
+        refused = image_base.retired_refusal(self["IMAGE"], self.base,
+                                             self.checked.words["EXTRA_ENV"])
+        if refused:
+            raise refused
 
     def prepare_jit_cache(self, image_id: str) -> None:
         """This image's JIT cache directory on every node; stop.sh leaves it, so the next

@@ -10,7 +10,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass, field
 
-from launcher import apikey, extra_args, gpus, memguard, plan, preflight
+from launcher import apikey, extra_args, gpus, image_base, memguard, plan, preflight
 from recipekit import baselock
 from recipekit.text_integrity import FIELD_MAX_TOKENS
 from launcher.plan import UNPINNED, Launch, Plan
@@ -122,7 +122,7 @@ def images(the_plan: Plan, pv: bool) -> list[Step]:
                   f"names here{strict}").on(0, plan.image_id_argv(base)),
              Step(f"only when {image} is missing on the head (scripts/build.sh pulls {base} "
                   f"through the docker SDK when it is missing too{first_use}):")
-             .on(0, the_plan.build)]
+             .on(0, the_plan.build), image_labels(launch)]
     for index in range(1, len(launch.nodes.addresses)):
         node = launch.nodes.addresses[index]
         steps.append(Step(f"{node}: {image} with the head's image ID")
@@ -133,6 +133,17 @@ def images(the_plan: Plan, pv: bool) -> list[Step]:
             OnNode(0, ("docker", "save", image)), OnNode(0, tuple(meter)),
             OnNode(index, ("docker", "load"))))]))
     return steps
+
+
+def image_labels(launch: Launch) -> Step:
+    """The image's labels read on the head (launcher/image_base.py), once it is there."""
+    retired = image_base.retired_asked(launch.checked.words["EXTRA_ENV"])
+    refused = "".join(f"; EXTRA_ENV's {word} refused on a base of vLLM {entry.since} or later"
+                      for word, entry in retired)
+    return Step(f"labels of {launch['IMAGE']} on the head: its base's vLLM release "
+                f"({image_base.BASE_VLLM_LABEL}) and the layers that base provides "
+                f"({image_base.PROVIDED_LABEL}), for the start-up line; an image without them: "
+                f"unknown{refused}").on(0, image_base.labels_argv(launch["IMAGE"]))
 
 
 def jit_cache(launch: Launch) -> list[Step]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from recipekit.one_line_parser import OneLineParser
 from recipekit import recipe as recipe_file
-from recipekit import baselock
+from recipekit import baselock, image_labels
 from recipekit.baselock import BaseLock, LockError, lock_path, shown
 from recipekit.imagebuild import inputs
 from recipekit.imagebuild.engine import BuildFailed, Engine, PullFailed, PullProgress
@@ -241,7 +241,7 @@ class Chain:
         chained = bool(index) and below.get("glm53.layer") == LAYERS[index - 1]
         earlier = below.get("glm53.chain", "") + " " if chained else ""
         # glm53.provided: the layers whose work the base does already (for the launcher's line)
-        provided = (below.get("glm53.provided", "").split() if chained else []) + (
+        provided = (below.get(image_labels.PROVIDED, "").split() if chained else []) + (
             [layer] if field["outcome"] == "provided-by-base" else [])
         labels = {
             "glm53.scheme": inputs.SCHEME, "glm53.layer": layer, "glm53.outcome": field["outcome"],
@@ -253,7 +253,7 @@ class Chain:
             "glm53.wheelhouse.sha256": context.wheelhouse_sha256, "glm53.base.id": base_id,
             "glm53.base.ref": base_ref, "glm53.base.digest": " ".join(base.get("RepoDigests") or []) or "none",
             "glm53.vllm.root": field.get("vllm_root", ""), "glm53.python": field.get("python", ""),
-            "glm53.base.vllm": self.base_vllm, "glm53.provided": " ".join(provided),
+            image_labels.BASE_VLLM: self.base_vllm, image_labels.PROVIDED: " ".join(provided),
         }
         if context.packages_sha256:
             labels.update({"glm53.packages": field.get("packages", ""),

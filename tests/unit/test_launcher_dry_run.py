@@ -43,6 +43,8 @@ docker image inspect --format '{{.Id}}' glm53-sm121-v13
 docker image inspect --format '{{.Id}}' vllm/vllm-openai:glm53-flash-arm64-cu130
 # only when glm53-sm121-v13 is missing on the head (scripts/build.sh pulls vllm/vllm-openai:glm53-flash-arm64-cu130 through the docker SDK when it is missing too; BASE_LOCK=first-use: it records its ID in recipe.lock on first use):
 {repo}/scripts/build.sh --base vllm/vllm-openai:glm53-flash-arm64-cu130 --to v13 --base-lock first-use
+# labels of glm53-sm121-v13 on the head: its base's vLLM release (glm53.base.vllm) and the layers that base provides (glm53.provided), for the start-up line; an image without them: unknown
+docker image inspect --format '{{json .Config.Labels}}' glm53-sm121-v13
 # 192.0.2.2: glm53-sm121-v13 with the head's image ID
 ssh -o BatchMode=yes 192.0.2.2 'docker image inspect --format '\''{{.Id}}'\'' glm53-sm121-v13'
 # only when glm53-sm121-v13 is missing on 192.0.2.2:

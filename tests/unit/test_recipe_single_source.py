@@ -17,7 +17,7 @@ import subprocess
 
 import pytest
 
-from launcher import render
+from launcher import image_base, render
 from recipekit import recipe
 from tests.unit.test_launcher_support import REPO
 
@@ -150,8 +150,11 @@ def test_no_file_but_recipe_toml_defines_or_defaults_a_knob():
 # the home directory a leading ~/ stands for; the API key the self-check may read from the
 # environment (a secret: a knob's value is printed by DRY_RUN and the docs); VLLM_API_KEY:
 # rank 0's API key, from API_AUTH and API_KEY_FILE through `docker run --env-file`
-# (launcher/apikey.py), never an `--env` a knob declares.
-NOT_KNOBS = {"CLUSTER_ENV", "HOME", "OPENAI_API_KEY", "VLLM_API_KEY"}
+# (launcher/apikey.py), never an `--env` a knob declares; the engine variables whose EXTRA_ENV
+# value a base vLLM release no longer honours (launcher/image_base.py's RETIRED_ENV: refused
+# there, never read or set).
+NOT_KNOBS = {"CLUSTER_ENV", "HOME", "OPENAI_API_KEY", "VLLM_API_KEY",
+             *(entry.name for entry in image_base.RETIRED_ENV)}
 
 
 def test_the_launcher_reads_no_setting_the_recipe_does_not_define():
