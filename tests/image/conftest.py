@@ -96,6 +96,16 @@ def chain_0300(standin, session_prefix):
 
 
 @pytest.fixture(scope="session")
+def v8_on_0330(standin, session_prefix):
+    """v8 alone on a vLLM 0.33.0 stand-in carrying FlashInfer 0.6.18 and a jit-cache (as a
+    0.33.0 image patched by hand might): (prefix, base tag, the build run). v8 must pick
+    0.33.0's own package set from the base's _version.py and install FlashInfer 0.7.x over it."""
+    base = standin("0.33.0", flashinfer="0.6.18")
+    prefix = session_prefix("v8-0330")
+    return prefix, base, run_build(prefix, "--to", "v8", "--base", base)
+
+
+@pytest.fixture(scope="session")
 def chain_fork(standin, session_prefix):
     """The whole chain v8 -> v11 on the fork-shaped stand-in: (prefix, base tag, the build run).
 

@@ -408,3 +408,19 @@ def test_a_base_whose_tag_moved_is_refused_until_accepted(standin, session_prefi
     again = run_build(prefix, *args)
     assert again.returncode == 0, again.output
     assert f"v9: would build {tag(prefix, 'v9')} on {base}" in again.output
+
+
+def test_v8_on_a_0330_standin_installs_that_releases_set_and_patches_flashinfer_07(v8_on_0330):
+    prefix, base, run = v8_on_0330
+    assert run.returncode == 0, run.output
+    assert "sm121 packages: patches/v8/packages-vllm-0.33.0.txt for vLLM 0.33.0:" in run.output
+    v8 = labels(tag(prefix, "v8"))
+    assert v8["glm53.outcome"] == "applied", v8["glm53.reason"]
+    assert v8["glm53.base.vllm"] == "0.33.0"
+    installed = dict(pin.split("==") for pin in v8["glm53.packages"].split(","))
+    assert installed["flashinfer-python"] == "0.7.2.post1"
+    assert {v for name, v in installed.items() if name.startswith("nvidia-cutlass-dsl")} == {"4.8.0"}
+    assert v8["glm53.reason"].endswith("[applied: D1 D2a D2b D2c D4 V7a V7b V7c F1 F2 F3]")
+    assert "flashinfer/mla/_batch_mla/_backends/_fa_common.py" in v8["glm53.files"].split(",")
+    log = (REPO_ROOT / "build" / "logs" / "v8.log").read_text()  # last in the file: its v8 build is the last
+    assert "removing flashinfer-jit-cache 0.6.18" in log
