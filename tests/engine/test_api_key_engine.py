@@ -83,12 +83,15 @@ def test_the_bench_and_the_probes_reach_it_by_the_key_file(keyed, tmp_path):
     key_file = str(cluster.tmp / "api-key")
     bench = subprocess.run(
         [sys.executable, str(REPO / "bench" / "bench_decode.py"), "--url", url, "--phase",
-         "prose", "--concurrency", "1", "--runs", "1", "--max-tokens", "8", "--quiet",
+         "prose", "--concurrency", "1", "--runs", "1", "--max-tokens", "64", "--quiet",
          "--api-key-file", key_file, "--json", str(tmp_path / "bench.json")],
         env=env, capture_output=True, text=True, timeout=RUN_GUARD_S, check=False)
-    assert bench.returncode == 0, bench.stdout + bench.stderr
-    cell, = json.loads((tmp_path / "bench.json").read_text())["cells"]
-    assert cell["failed_streams"] == 0
+    # too_short is judged only after a whole keyed stream (usage, [DONE]): the server merged
+    # its chunks, which a busy CPU may make it do; any other failure is the key's
+    stream, = json.loads((tmp_path / "bench.json").read_text())["waves"][0]["streams"]
+    assert stream["failure"] in (None, "too_short"), bench.stdout + bench.stderr
+    assert stream["completion_tokens"] == 64 and stream["saw_done"]
+    assert bench.returncode == (0 if stream["failure"] is None else 1), bench.stdout + bench.stderr
     probed = subprocess.run(
         [sys.executable, str(REPO / "bench" / "probes.py"), "--base-url", url, "--only",
          "multibyte", "--api-key-file", key_file, "--json", str(tmp_path / "probes.json")],
