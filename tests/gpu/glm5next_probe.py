@@ -26,6 +26,7 @@ LIBRARIES = {
     "FlashMLA extension": "vllm._flashmla_extension_C",
     "DeepSelect": "vllm._deepselect_C",
     "FlashKDA (KDA prefill)": "vllm._flashkda_C",
+    "fused MoE ops (Marlin MoE's alignment, top-k; part moe)": "vllm._moe_C_stable_libtorch",
 }
 
 

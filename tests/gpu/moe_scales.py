@@ -118,6 +118,12 @@ def experts(ratios, seed):
 
 
 def main() -> int:
+    try:  # vLLM's own import of it swallows the error, and Marlin MoE dies on its first op
+        import vllm._moe_C_stable_libtorch  # noqa: F401
+    except ImportError as error:
+        log(f"the fused MoE's library does not load ({error}): install part moe "
+            f"(tests/gpu/run moe)")
+        return 2
     from vllm.distributed import parallel_state
     from vllm.model_executor.layers.fused_moe.experts import marlin_moe
     from vllm.model_executor.layers.fused_moe.oracle.nvfp4 import NvFp4MoeBackend

@@ -177,6 +177,29 @@ def get_paged_mqa_logits_metadata(context_lens, block_size, num_sms, indices=Non
 REPLACED = ("fp8_fp4_mqa_logits", "fp8_fp4_paged_mqa_logits", "get_paged_mqa_logits_metadata")
 
 
+# vLLM 0.30.0's modules that ask `has_deep_gemm()` before taking the kernels above (the two
+# indexers refuse to build without it, the backend picks its decode shapes by it)
+INDEXER_MODULES = ("vllm.model_executor.layers.sparse_attn_indexer",
+                   "vllm.model_executor.layers.sparse_attn_indexer_kpool",
+                   "vllm.v1.attention.backends.mla.indexer")
+
+
+def deep_gemm_present() -> bool:
+    """What the indexer's modules are told: DeepGEMM's three kernels they take are here."""
+    return True
+
+
+def install_presence(module) -> None:
+    """Answer `has_deep_gemm()` with yes in `module`, one of INDEXER_MODULES, so it takes the
+    path it takes where DeepGEMM loads; every other module still asks vLLM's own check
+    (False here: DeepGEMM's module does not load), so no other DeepGEMM kernel is chosen."""
+    import sys
+
+    module.has_deep_gemm = deep_gemm_present
+    print(f"gpu tier: {module.__name__} sees DeepGEMM present: {STAND_IN}", file=sys.stderr,
+          flush=True)
+
+
 def install(deep_gemm) -> None:
     """Point the functions in REPLACED of `deep_gemm` (vllm.utils.deep_gemm) at this module's,
     and say so once on stderr. Called while that module is first imported (tests/gpu/standin),

@@ -5,8 +5,8 @@ install there.
     python3 tests/gpu/payload.py install PART DIR  (there: no network)
 
 The GPU machine has torch 2.11 (CUDA 13), Triton and transformers but no vLLM, and takes at
-most 64 MiB a call; so the payload is two parts, each sent with one call, the second while
-the machine is still warm:
+most 64 MiB a call; so the payload is three parts, each sent with one call, the later ones
+while the machine is still warm:
 
 - part `a`: vLLM 0.30.0's tree from its pinned wheel (Python files and data, no compiled
   libraries) with layers v9 (provided by the release), v10, v11, v11_dflash_block_drop, v13 and
@@ -17,6 +17,8 @@ the machine is still warm:
   Glm5Next is made on the GPU machine from its seed, so it is not carried).
 - part `b`: `_C_stable_libtorch.abi3.so` (Marlin, the model's custom ops) and FlashAttention
   3, xz-compressed.
+- part `moe`: `_moe_C_stable_libtorch.abi3.so` (the fused MoE's ops: Marlin MoE's block
+  alignment, top-k), xz-compressed: without it no MoE layer runs (36 MB, no room in a or b).
 
 Installing puts the tree in DIR/tree and the packages in DIR/site, both beside the parts
 (ignored by git, so a warm machine keeps them between calls). A part over its share of the
@@ -51,6 +53,10 @@ PART_A_SO = ("vllm/_flashmla_C.abi3.so", "vllm/_flashmla_extension_C.abi3.so",
              "vllm/_deepselect_C.abi3.so", "vllm/_flashkda_C.abi3.so",
              "vllm/third_party/deep_gemm/_C.cpython-312-x86_64-linux-gnu.so")
 PART_B_SO = ("vllm/_C_stable_libtorch.abi3.so", "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so")
+PART_MOE_SO = ("vllm/_moe_C_stable_libtorch.abi3.so",)
+# the parts' compiled libraries, each part's installed after part a's tree
+LIBRARY_PARTS = {"b": PART_B_SO, "moe": PART_MOE_SO}
+PARTS = ("a", *LIBRARY_PARTS)
 # left out of the tree: compiled libraries (carried one by one above or not at all), C++
 # headers for kernels compiled at run time by other backends, the wheel's Rust front end
 LEFT_OUT = (".so",)
@@ -187,9 +193,9 @@ def pack(out: Path) -> dict:
     wheel = vllm_wheel()
     if out.exists():
         shutil.rmtree(out)
-    part_a, part_b = out / "a", out / "b"
-    part_a.mkdir(parents=True)
-    part_b.mkdir(parents=True)
+    part_a = out / "a"
+    for part in PARTS:
+        (out / part).mkdir(parents=True)
     manifest: dict = {"vllm": VERSION, "wheel": wheel.name}
     with tempfile.TemporaryDirectory() as scratch:
         tree = Path(scratch) / "tree"
@@ -197,7 +203,8 @@ def pack(out: Path) -> dict:
         names = sorted(str(p.relative_to(tree)) for p in tree.rglob("*") if p.is_file())
         tar_xz(part_a / "tree.tar.xz", tree, names)
     libraries(wheel, PART_A_SO, part_a / "glm5next-libraries.tar.xz")
-    libraries(wheel, PART_B_SO, part_b / "libraries.tar.xz")
+    for part, names in LIBRARY_PARTS.items():
+        libraries(wheel, names, out / part / "libraries.tar.xz")
     wheels(part_a / "wheels")
     with tempfile.TemporaryDirectory() as scratch:
         manifest["models"] = models(Path(scratch))
@@ -206,15 +213,15 @@ def pack(out: Path) -> dict:
         (part_a / name).write_text(json.dumps(launcher_rank0("/models/tiny", k), indent=1))
     repository = repository_bytes()
     manifest["repository_bytes"] = repository
-    for part in (part_a, part_b):
+    for part in (out / name for name in PARTS):
         size = sum(p.stat().st_size for p in part.rglob("*") if p.is_file())
         manifest[f"part_{part.name}_bytes"] = size
         if size + repository > CALL_LIMIT:
             raise PayloadError(f"{part}: {size + repository} bytes with the repository, over "
                                f"one call's {CALL_LIMIT}; carry less in it")
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
-    log(f"packed {out}: part a {manifest['part_a_bytes'] >> 20} MiB, part b "
-        f"{manifest['part_b_bytes'] >> 20} MiB, repository {repository >> 20} MiB")
+    sizes = ", ".join(f"part {name} {manifest[f'part_{name}_bytes'] >> 20} MiB" for name in PARTS)
+    log(f"packed {out}: {sizes}, repository {repository >> 20} MiB")
     return manifest
 
 
@@ -246,7 +253,7 @@ def install(part: str, root: Path) -> None:
     else:
         if not (tree / "vllm" / "__init__.py").is_file():
             raise PayloadError(f"{tree}: part a is not installed (the machine went cold "
-                               f"between the calls?); send part a again, then part b")
+                               f"between the calls?); send part a again, then part {part}")
         with tarfile.open(source / "libraries.tar.xz") as opened:
             opened.extractall(tree, filter="data")
     log(f"installed part {part} under {root}")
@@ -259,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("pack").add_argument("dir", nargs="?", type=Path,
                                         default=REPO_ROOT / ".gpu-payload")
     installing = sub.add_parser("install")
-    installing.add_argument("part", choices=("a", "b"))
+    installing.add_argument("part", choices=PARTS)
     installing.add_argument("dir", type=Path)
     args = parser.parse_args(argv)
     try:

@@ -174,3 +174,46 @@ def test_the_gpu_tier_page_quotes_only_committed_speed_figures():
                  page.index("**Planted layout faults")]
     quoted = re.findall(r"(?<![\d.])0\.\d+", speed)
     assert quoted and set(quoted) <= ratios, sorted(set(quoted) - ratios)
+
+
+# ----------------------------------------------------------------------------- the MoE library
+
+
+def test_a_library_part_installs_into_part_as_tree_and_refuses_without_it(tmp_path):
+    """Part moe (the fused MoE's library, missing from the first Glm5Next run on the H200)
+    installs beside part b's into part a's tree; before part a it refuses, naming both."""
+    import tarfile
+
+    from tests.gpu import payload
+
+    root = tmp_path / "payload"
+    library = tmp_path / "lib" / payload.PART_MOE_SO[0]
+    library.parent.mkdir(parents=True)
+    library.write_bytes(b"\x7fELF")
+    (root / "moe").mkdir(parents=True)
+    with tarfile.open(root / "moe" / "libraries.tar.xz", "w:xz") as archive:
+        archive.add(library, arcname=payload.PART_MOE_SO[0])
+    with pytest.raises(payload.PayloadError, match="part a is not installed.*then part moe"):
+        payload.install("moe", root)
+    (root / "tree" / "vllm").mkdir(parents=True)
+    (root / "tree" / "vllm" / "__init__.py").write_text("")
+    payload.install("moe", root)
+    assert (root / "tree" / payload.PART_MOE_SO[0]).read_bytes() == b"\x7fELF"
+    assert payload.PARTS == ("a", "b", "moe")
+
+
+@pytest.mark.parametrize("stage", ["b", "d"])
+def test_parts_b_and_d_refuse_before_the_moe_library_is_installed(tmp_path, stage):
+    import os
+    import subprocess
+
+    from tests.unit.test_launcher_support import REPO
+
+    root = tmp_path / "payload"
+    (root / "tree" / "vllm").mkdir(parents=True)
+    (root / "tree" / "vllm" / "_C_stable_libtorch.abi3.so").write_bytes(b"")
+    done = subprocess.run(["bash", str(REPO / "tests/gpu/run"), stage], capture_output=True,
+                          text=True, timeout=60, check=False,
+                          env={**os.environ, "GLM53_GPU_PAYLOAD": str(root), "OUT": str(tmp_path)})
+    assert done.returncode == 2, done.stderr
+    assert "part moe is not installed here: send it first" in done.stderr

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from tests.gpu import glm5next_models as tiny
+from tests.gpu.mqa_logits_reference import INDEXER_MODULES
 from tests.vllm.conftest import REPO_ROOT
 
 PROBE = REPO_ROOT / "tests/vllm/probes/glm5next_tiny_build.py"
@@ -54,11 +55,16 @@ def test_vllm_builds_every_layer_kind_and_loads_every_parameter(built, variant):
 
 def test_the_stand_in_holds_the_indexer_kernels_and_nothing_else(built):
     """On the real 0.30.0 tree, with the model built: the three names the indexer uses are
-    the stand-in's, wherever imported; DeepGEMM's other kernels stay vLLM's."""
+    the stand-in's, wherever imported, and its three modules alone see DeepGEMM present
+    (their build refuses without it on CUDA); DeepGEMM's other kernels and vLLM's own
+    presence check stay vLLM's."""
     for doc in built.values():
         names = doc["deep_gemm_names"]
         assert names.pop("deep_gemm.fp8_gemm_nt") == "vllm.utils.deep_gemm"
+        assert names.pop("vllm.utils.deep_gemm.has_deep_gemm") == "vllm.utils.import_utils"
         assert set(names.values()) == {"gpu_mqa_logits_reference"}, names
+        assert sorted(n.removesuffix(".has_deep_gemm") for n in names
+                      if n.endswith(".has_deep_gemm")) == sorted(INDEXER_MODULES)
 
 
 def test_the_gate_and_up_globals_vllm_holds_are_the_variants(built):

@@ -3,7 +3,8 @@ families of Glm5Next's forward cannot run on the GPU machine, and each is replac
 its vLLM module is imported, before any other module binds its names:
 - DeepGEMM's compiled module does not load under the machine's torch 2.11 (docs/gpu-tier.md),
   and the sparse indexer has no other path to its MQA logits in vLLM 0.30.0: the float32
-  stand-in of tests/gpu/mqa_logits_reference.py takes those two functions.
+  stand-in of tests/gpu/mqa_logits_reference.py takes those two functions, and the indexer's
+  own modules (alone) are told DeepGEMM is present, which they check before building.
 - TileLang is not installed there (0.30.0 wants tilelang 0.1.12, over 64 MiB with its solver),
   and on CUDA the MHC ops call TileLang alone: tests/gpu/mhc_fallback.py points them at the
   path vLLM itself takes where TileLang is absent (its torch and Triton MHC kernels).
@@ -19,6 +20,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPLACEMENTS = {
     "vllm.utils.deep_gemm": ("mqa_logits_reference.py", "install"),
     "vllm.model_executor.layers.mhc": ("mhc_fallback.py", "install"),
+    # mqa_logits_reference.INDEXER_MODULES (tests/vllm/test_glm5next_tiny.py holds them equal)
+    "vllm.model_executor.layers.sparse_attn_indexer": ("mqa_logits_reference.py",
+                                                       "install_presence"),
+    "vllm.model_executor.layers.sparse_attn_indexer_kpool": ("mqa_logits_reference.py",
+                                                             "install_presence"),
+    "vllm.v1.attention.backends.mla.indexer": ("mqa_logits_reference.py", "install_presence"),
 }
 
 

@@ -49,7 +49,10 @@ def build(model_dir: str, first: bool) -> dict:
     vllm_config = VllmConfig(
         model_config=ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="bfloat16",
                                  max_model_len=4096),
-        cache_config=CacheConfig(block_size=64))
+        # prefix caching off from the start: vLLM's CPU platform turns it off later for MLA
+        # on a CPU without AMX, after the hybrid config set a mamba block size for it, and
+        # the config then refuses itself (an AMD CPU, 2026-12-06); construction needs neither
+        cache_config=CacheConfig(block_size=64, enable_prefix_caching=False))
     with set_current_vllm_config(vllm_config):
         if first:
             initialize_model_parallel(1, 1)
@@ -86,6 +89,10 @@ def deep_gemm_names() -> dict:
                           "get_paged_mqa_logits_metadata", "fp8_gemm_nt")}
     names["indexer.get_paged_mqa_logits_metadata"] = \
         indexer.get_paged_mqa_logits_metadata.__module__
+    from vllm.model_executor.layers import sparse_attn_indexer, sparse_attn_indexer_kpool
+
+    for module in (deep_gemm, indexer, sparse_attn_indexer, sparse_attn_indexer_kpool):
+        names[f"{module.__name__}.has_deep_gemm"] = module.has_deep_gemm.__module__
     return names
 
 
