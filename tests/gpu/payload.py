@@ -18,7 +18,7 @@ while the machine is still warm:
 - part `b`: `_C_stable_libtorch.abi3.so` (Marlin, the model's custom ops) and FlashAttention
   3, xz-compressed.
 - part `moe`: `_moe_C_stable_libtorch.abi3.so` (the fused MoE's ops: Marlin MoE's block
-  alignment, top-k), xz-compressed: without it no MoE layer runs (36 MB, no room in a or b).
+  alignment, top-k), xz-compressed: without it no MoE layer runs (about 38 MB: no room in a or b).
 
 Installing puts the tree in DIR/tree and the packages in DIR/site, both beside the parts
 (ignored by git, so a warm machine keeps them between calls). A part over its share of the
