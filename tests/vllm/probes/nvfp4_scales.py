@@ -20,15 +20,13 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from weight_groups_roundtrip import SHAPES, load, weight  # noqa: E402  the shapes, seeded alike
+from weight_groups_roundtrip import ROWS, SHAPES, load, weight  # noqa: E402  seeded alike
 
 E2M1_GRID = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
 CHECK_ELEMENTS = 1 << 20  # weights checked at once in float64
 CONTROL_SHAPE = "shared.down_proj"  # the controls need a shape, not a large one
-# Rows per shape: a block's scale search and packing see its own 16 weights only, so every
-# real K with this many rows runs every path; the whole matrices (176 M weights) took 5.5 min
-# of the vllm tier's critical path, these 45 M about a quarter of that.
-ROWS = 1024
+# ROWS rows per shape (weight_groups_roundtrip.py): a block's scale search and packing see
+# its own 16 weights only; the whole matrices took 5.5 min of the vllm tier's critical path.
 
 
 def read_and_own(helper, x: torch.Tensor, packed, scale, global_scale) -> tuple:
