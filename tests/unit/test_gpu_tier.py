@@ -5,7 +5,10 @@ runs the launcher's own serve argv with only the overrides the tier names."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import tarfile
 
 import pytest
 
@@ -179,11 +182,9 @@ def test_the_gpu_tier_page_quotes_only_committed_speed_figures():
 # ----------------------------------------------------------------------------- the MoE library
 
 
-def test_a_library_part_installs_into_part_as_tree_and_refuses_without_it(tmp_path):
+def test_a_library_part_installs_into_part_a_tree_and_refuses_before_it(tmp_path):
     """Part moe (the fused MoE's library, missing from the first Glm5Next run on the H200)
     installs beside part b's into part a's tree; before part a it refuses, naming both."""
-    import tarfile
-
     from tests.gpu import payload
 
     root = tmp_path / "payload"
@@ -204,9 +205,6 @@ def test_a_library_part_installs_into_part_as_tree_and_refuses_without_it(tmp_pa
 
 @pytest.mark.parametrize("stage", ["b", "d"])
 def test_parts_b_and_d_refuse_before_the_moe_library_is_installed(tmp_path, stage):
-    import os
-    import subprocess
-
     from tests.unit.test_launcher_support import REPO
 
     root = tmp_path / "payload"
