@@ -4,18 +4,32 @@ v8 image as ``vllm/model_executor/layers/quantization/glm53_moe_scales.py``).
 vLLM's ``ModelOptNvFp4FusedMoE.process_weights_after_loading`` hands the fused gate+up GEMM one
 global scale per expert, the gate's (``w13_weight_scale_2[:, 0]``): an expert whose up
 projection was exported with another global decodes its up half off by ``up / gate``
-(vLLM #54974, #54150). The kernels take one global per expert, so before vLLM reads it this
-module picks one global G per expert and folds each half's ratio ``own / G`` into that half's
-E4M3 block scales: the fp4 payload is untouched, and a half whose ratio is a power of two keeps
-its block scales exactly. G is searched per expert among each half's global times 2^-1, 2^0,
-2^1 (no block scale may pass E4M3's 448): the one whose folded weights err least against the
-checkpoint's, in each block ``sum(fp4^2) * (s' * G - s * own)^2``. An expert whose two globals
-are equal is not touched, so a checkpoint with equal scales loads bit-identical to stock vLLM.
+(vLLM #54974, #54150). Two routes put it right; per layer, the first that applies is taken:
+
+- **exact** (Marlin W4A16, the recipe's default backend): the kernel keeps the gate's global,
+  and each token-expert row of the first GEMM's output has its up half multiplied by that
+  expert's ``up / gate`` in float32, before the activation. SiLU(gate) x up is linear in up,
+  and a clamp (Glm5Next's ``swiglu_limit``) then sees the right values. Nothing is re-rounded
+  but the product itself: one bfloat16 rounding, as the kernel's own output has.
+- **fold** (every backend whose activation runs inside the kernel, with no 16-bit intermediate
+  reachable from Python: the W4A4 FlashInfer, CuteDSL, CUTLASS and B12X kernels, batched
+  Marlin): one global G per expert, each half's ratio ``own / G`` folded into that half's E4M3
+  block scales. The fp4 payload is untouched, and a half whose ratio is a power of two keeps its
+  block scales exactly; other ratios re-round each block scale to 3 mantissa bits. G is searched
+  per expert among each half's global times 2^-1, 2^0, 2^1 (no block scale may pass E4M3's 448):
+  the one whose folded weights err least against the checkpoint's, in each block
+  ``sum(fp4^2) * (s' * G - s * own)^2``.
+
+``GLM53_MOE_SCALE_ROUTE`` (``auto``, the default: exact where it applies, else fold; ``fold``;
+``exact``, refused at load where it cannot apply) picks the route. An expert whose two globals
+are equal is not touched by either, so a checkpoint with equal scales loads bit-identical to
+stock vLLM.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -26,31 +40,48 @@ E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 # the global candidates: each half's own times these (a power of two keeps that half exact)
 CANDIDATE_SHIFTS = (0, -1, 1)
 EXPERTS_AT_ONCE = 16  # bounds the working memory of the search to a few experts' scales
+ROUTE_ENV = "GLM53_MOE_SCALE_ROUTE"
+ROUTES = ("auto", "exact", "fold")
+# where the exact route applies: the experts class whose apply hands its activation callback
+# the first GEMM's 16-bit output, one row per (token, top-k slot)
+EXACT_EXPERTS = ("vllm.model_executor.layers.fused_moe.experts.marlin_moe", "MarlinExperts")
 
 
 @dataclass
 class FoldReport:
-    """What one layer's fold did (or, summed, a model's)."""
+    """What one layer's route did (or, summed, a model's): experts with unequal globals are
+    ``folded`` (the fold) or ``scaled`` (the exact route)."""
 
     layers: int = 0
     experts: int = 0
     folded: int = 0
+    scaled: int = 0
     largest_ratio: float = 1.0
     chosen: dict[str, int] = field(default_factory=dict)  # "gate", "up", "gate*2^-1", ...
+    routes: dict[str, int] = field(default_factory=dict)  # layers per route
 
     def add(self, other: FoldReport) -> None:
         self.layers += other.layers
         self.experts += other.experts
         self.folded += other.folded
+        self.scaled += other.scaled
         self.largest_ratio = max(self.largest_ratio, other.largest_ratio)
         for name, count in other.chosen.items():
             self.chosen[name] = self.chosen.get(name, 0) + count
+        for name, count in other.routes.items():
+            self.routes[name] = self.routes.get(name, 0) + count
 
     def line(self) -> str:
         chosen = ", ".join(f"{name} {count}" for name, count in sorted(self.chosen.items()))
-        return (f"{self.folded} of {self.experts} experts in {self.layers} layers folded "
-                f"(largest gate/up ratio {self.largest_ratio:.4g}; global chosen: "
-                f"{chosen or 'none'})")
+        routes = ", ".join(f"{name} {count}" for name, count in sorted(self.routes.items()))
+        parts = [f"{self.experts} experts in {self.layers} layers"]
+        if self.scaled:
+            parts.append(f"{self.scaled} scaled exactly on the up output")
+        if self.folded:
+            parts.append(f"{self.folded} folded into block scales (global chosen: "
+                         f"{chosen or 'none'})")
+        return (f"{'; '.join(parts)} (largest gate/up ratio {self.largest_ratio:.4g}; "
+                f"layers per route: {routes or 'none'})")
 
 
 MODEL_REPORT = FoldReport()  # the running total of this process's model
@@ -128,6 +159,8 @@ def fold(block_scales: torch.Tensor, globals_: torch.Tensor,
         for name in names:
             report.chosen[name] = report.chosen.get(name, 0) + 1
     report.folded = len(unequal)
+    if report.folded:
+        report.routes = {"fold": 1}
     return new_scales, new_globals, report
 
 
@@ -141,18 +174,101 @@ def fold_layer_(layer: torch.nn.Module) -> FoldReport:
     return report
 
 
-def _log(report: FoldReport) -> None:
+def up_over_gate(globals_: torch.Tensor) -> torch.Tensor:
+    """Per expert, the up half's global over the gate's (float32): what the exact route
+    multiplies each up output row by, the kernel having decoded that half with the gate's."""
+    return globals_[:, 1].float() / globals_[:, 0].float()
+
+
+class UpHalfRatio:
+    """An experts object's activation callback, wrapped: before it runs, the up half of each
+    row of the first GEMM's output (gate columns first, one row per token and top-k slot) is
+    multiplied by its expert's ``up / gate`` ratio. The multiply reads bfloat16 and float32
+    and rounds once; it gathers on the device and never syncs the host, so a CUDA graph
+    captures it."""
+
+    def __init__(self, activation, ratios: torch.Tensor):
+        self.activation = activation
+        self.ratios = ratios
+
+    def __call__(self, activation, output, input, *, topk_ids=None, expert_map=None, **kwargs):
+        if topk_ids is None:  # no row-to-expert map: refuse rather than scale the wrong rows
+            raise RuntimeError("glm53_moe_scales: the experts' activation was called without "
+                               "topk_ids; the exact route cannot tell each row's expert")
+        experts = topk_ids.reshape(-1).long()
+        if expert_map is not None:  # global expert ids to this rank's; -1 rows are not computed
+            experts = expert_map[experts].long().clamp_min(0)
+        half = input.shape[-1] // 2
+        input[..., half:].mul_(self.ratios[experts].unsqueeze(-1))
+        return self.activation(activation, output, input, topk_ids=topk_ids,
+                               expert_map=expert_map, **kwargs)
+
+
+def requested_route() -> str:
+    route = os.environ.get(ROUTE_ENV, "auto") or "auto"
+    if route not in ROUTES:
+        raise ValueError(f"{ROUTE_ENV}={route!r}: use one of {', '.join(ROUTES)}")
+    return route
+
+
+def exact_experts_class():
+    import importlib  # here: the helper unit-tests without vLLM
+
+    module, name = EXACT_EXPERTS
+    return getattr(importlib.import_module(module), name)
+
+
+def exact_route_problem(method) -> str | None:
+    """Why the exact route cannot apply to this method's experts, or None when it can."""
+    experts_cls = getattr(method, "experts_cls", None)
+    exact_cls = exact_experts_class()
+    if isinstance(experts_cls, type) and issubclass(experts_cls, exact_cls):
+        return None
+    name = getattr(experts_cls, "__name__", repr(experts_cls))
+    return (f"experts {name} run the activation inside the kernel (no 16-bit intermediate "
+            f"reachable): only {exact_cls.__name__} (Marlin W4A16) takes the exact route")
+
+
+def choose_route(method) -> str:
+    """``exact`` or ``fold`` for this method, from GLM53_MOE_SCALE_ROUTE and its backend."""
+    route = requested_route()
+    if route == "fold":
+        return "fold"
+    problem = exact_route_problem(method)
+    if problem is None:
+        return "exact"
+    if route == "exact":
+        raise RuntimeError(f"{ROUTE_ENV}=exact: {problem}; unset it (auto) to fold instead")
+    return "fold"
+
+
+def install_exact_route(method, ratios: torch.Tensor) -> None:
+    """Wraps the built experts' activation with UpHalfRatio; refuses an experts object that is
+    not the class the route was chosen for (a kernel built otherwise than planned)."""
+    experts = method.moe_kernel.fused_experts
+    exact_cls = exact_experts_class()
+    if not isinstance(experts, exact_cls):
+        raise RuntimeError(f"glm53_moe_scales: the exact route was chosen for "
+                           f"{exact_cls.__name__} but vLLM built {type(experts).__name__}; "
+                           f"set {ROUTE_ENV}=fold")
+    experts.activation = UpHalfRatio(experts.activation, ratios)
+
+
+def _log(report: FoldReport, layer_name: str | None) -> None:
     from vllm.logger import init_logger  # here, not at the top: the helper unit-tests without vLLM
 
     MODEL_REPORT.add(report)
-    if report.folded:
+    if report.folded or report.scaled:
+        route = "exact (up output x up/gate)" if report.scaled else "fold (block scales)"
         init_logger(__name__).info(
-            "ModelOpt NVFP4 MoE: unequal gate/up global scales folded into block scales; "
-            "this layer: %s; the model so far: %s", report.line(), MODEL_REPORT.line())
+            "ModelOpt NVFP4 MoE %s: unequal gate/up global scales, route %s; this layer: %s; "
+            "the model so far: %s", layer_name or "layer", route, report.line(),
+            MODEL_REPORT.line())
 
 
-def fold_w13_global_scales(process_weights_after_loading):
-    """Decorates ModelOptNvFp4FusedMoE.process_weights_after_loading: folds first."""
+def honour_w13_global_scales(process_weights_after_loading):
+    """Decorates ModelOptNvFp4FusedMoE.process_weights_after_loading: the fold before it, or
+    the exact route's activation wrapper after it (the module's docstring says which)."""
 
     @functools.wraps(process_weights_after_loading)
     def wrapper(self, layer):
@@ -160,9 +276,23 @@ def fold_w13_global_scales(process_weights_after_loading):
         pre_processed = process_weights_after_loading.__globals__.get("is_weights_pre_processed")
         gated = getattr(self.moe, "is_act_and_mul", False)
         scales_2 = getattr(layer, "w13_weight_scale_2", None)
-        if gated and not (pre_processed and pre_processed()) and scales_2 is not None \
-                and scales_2.dim() == 2 and scales_2.shape[1] == 2:
-            _log(fold_layer_(layer))
-        return process_weights_after_loading(self, layer)
+        if not gated or (pre_processed and pre_processed()) or scales_2 is None \
+                or scales_2.dim() != 2 or scales_2.shape[1] != 2:
+            return process_weights_after_loading(self, layer)
+        unequal = (scales_2[:, 0] != scales_2[:, 1])
+        if not bool(unequal.any()):
+            return process_weights_after_loading(self, layer)
+        layer_name = getattr(layer, "layer_name", None)
+        if choose_route(self) == "fold":
+            _log(fold_layer_(layer), layer_name)
+            return process_weights_after_loading(self, layer)
+        ratios = up_over_gate(scales_2.data)
+        own = scales_2.data.float()
+        result = process_weights_after_loading(self, layer)
+        install_exact_route(self, ratios)
+        _log(FoldReport(layers=1, experts=own.shape[0], scaled=int(unequal.sum()),
+                        largest_ratio=float((own.amax(1) / own.amin(1)).amax()),
+                        routes={"exact": 1}), layer_name)
+        return result
 
     return wrapper

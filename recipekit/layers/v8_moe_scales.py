@@ -3,9 +3,10 @@
 ``ModelOptNvFp4FusedMoE.process_weights_after_loading`` keeps the gate's global scale
 (``w13_weight_scale_2[:, 0]``) for the fused gate+up GEMM, so the up half of an expert exported
 with its own global decodes off by their ratio (vLLM #54974; the default checkpoint's boots log
-its warning). The edit decorates that method with ``fold_w13_global_scales`` of
-``patches/v8/moe_global_scales.py`` (installed beside modelopt.py), which folds each half's
-ratio into its block scales before the method runs; nothing of vLLM's own text changes.
+its warning). The edit decorates that method with ``honour_w13_global_scales`` of
+``patches/v8/moe_global_scales.py`` (installed beside modelopt.py): on Marlin W4A16 it scales
+each up output row by its expert's ratio before the activation (exact), elsewhere it folds each
+half's ratio into its block scales before the method runs; nothing of vLLM's own text changes.
 
 Base-aware by shape: the method picking ``w13_weight_scale_2[:, 0]`` alone is what is patched;
 a base whose method no longer does, and no longer warns that the two must match, provides the
@@ -36,7 +37,7 @@ HELPER_SOURCE = PATCHES_DIR / "v8" / "moe_global_scales.py"
 HELPER = "vllm/model_executor/layers/quantization/glm53_moe_scales.py"
 CLASS = "ModelOptNvFp4FusedMoE"
 METHOD = "process_weights_after_loading"
-DECORATOR = "fold_w13_global_scales"
+DECORATOR = "honour_w13_global_scales"
 HELPER_IMPORT = (
     f"from vllm.model_executor.layers.quantization.glm53_moe_scales import {DECORATOR}\n")
 GATE_ONLY = "w13_weight_scale_2[:, 0]"  # the gate's global, picked for both halves

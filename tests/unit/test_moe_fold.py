@@ -75,4 +75,86 @@ def test_the_model_report_sums_its_layers(helper):
         total.add(helper.fold(*layer(globals_, top=100.0))[2])
     assert (total.layers, total.experts, total.folded) == (2, 4, 2)
     assert total.largest_ratio == pytest.approx(4.0)
-    assert total.line().startswith("2 of 4 experts in 2 layers folded (largest gate/up ratio 4")
+    assert total.line().startswith("4 experts in 2 layers; 2 folded into block scales")
+    assert total.line().endswith("(largest gate/up ratio 4; layers per route: fold 2)")
+
+
+class Marlin:
+    """Stands in for the experts class the exact route needs."""
+
+
+class FlashInferCutlass:
+    """Stands in for an experts class whose activation runs inside the kernel."""
+
+
+@pytest.fixture()
+def routed(helper, monkeypatch):
+    monkeypatch.setattr(helper, "exact_experts_class", lambda: Marlin)
+    monkeypatch.delenv(helper.ROUTE_ENV, raising=False)
+    return helper
+
+
+def method(experts_cls):
+    return type("Method", (), {"experts_cls": experts_cls})()
+
+
+def test_the_route_is_exact_on_marlin_and_a_fold_elsewhere_unless_asked(routed, monkeypatch):
+    assert routed.choose_route(method(Marlin)) == "exact"
+    assert routed.choose_route(method(FlashInferCutlass)) == "fold"
+    monkeypatch.setenv(routed.ROUTE_ENV, "fold")
+    assert routed.choose_route(method(Marlin)) == "fold"
+    monkeypatch.setenv(routed.ROUTE_ENV, "exact")
+    with pytest.raises(RuntimeError, match="GLM53_MOE_SCALE_ROUTE=exact: experts "
+                                           "FlashInferCutlass run the activation inside"):
+        routed.choose_route(method(FlashInferCutlass))
+    monkeypatch.setenv(routed.ROUTE_ENV, "exactly")
+    with pytest.raises(ValueError, match="GLM53_MOE_SCALE_ROUTE='exactly': use one of auto"):
+        routed.choose_route(method(Marlin))
+
+
+def seen_by_activation(helper, ratios, topk_ids, expert_map=None):
+    """What the wrapped activation receives: rows of (gate 1, 1 | up 1, 1), top-k slots."""
+    received = {}
+
+    def activation(kind, output, input, *, topk_ids=None, expert_map=None):
+        received.update(kind=kind, input=input.clone(), topk_ids=topk_ids)
+
+    rows = topk_ids.numel()
+    inputs = torch.ones(rows, 4, dtype=torch.bfloat16)
+    helper.UpHalfRatio(activation, ratios)("silu", None, inputs, topk_ids=topk_ids,
+                                           expert_map=expert_map)
+    return received
+
+
+def test_each_row_s_up_half_is_scaled_by_its_own_expert_s_ratio(helper):
+    ratios = torch.tensor([1.0, 1.3, 0.25, 10.0])
+    topk_ids = torch.tensor([[3, 1], [0, 2]], dtype=torch.int32)  # rows: token-major
+    received = seen_by_activation(helper, ratios, topk_ids)
+    up = received["input"][:, 2:].float()
+    expected = torch.tensor([10.0, 1.3, 1.0, 0.25]).bfloat16().float()
+    assert torch.equal(up, expected[:, None].expand(-1, 2))
+    assert torch.equal(received["input"][:, :2].float(), torch.ones(4, 2))  # gate untouched
+    assert received["kind"] == "silu" and received["topk_ids"] is topk_ids
+
+
+def test_a_ratio_is_applied_in_float32_and_rounded_once(helper):
+    """1.3 is not a bfloat16 value: rounded first, the product would be 1.296875 x up."""
+    received = seen_by_activation(helper, torch.tensor([1.3]), torch.tensor([[0]]))
+    assert received["input"][0, 2].item() == torch.tensor(1.3).bfloat16().item()
+    up = torch.tensor([3.0], dtype=torch.bfloat16)
+    up.mul_(torch.tensor([1.3]))
+    assert up.item() == torch.tensor(3.9).bfloat16().item() != (up.new_tensor(1.3) * 3).item()
+
+
+def test_global_ids_are_mapped_to_the_rank_s_experts(helper):
+    ratios = torch.tensor([2.0, 4.0])  # this rank holds global experts 5 and 7
+    expert_map = torch.full((8,), -1, dtype=torch.int32)
+    expert_map[5], expert_map[7] = 0, 1
+    received = seen_by_activation(helper, ratios, torch.tensor([[7, 5]]), expert_map)
+    assert received["input"][:, 2].float().tolist() == [4.0, 2.0]
+
+
+def test_an_activation_call_without_the_row_map_is_refused(helper):
+    wrapped = helper.UpHalfRatio(lambda *a, **k: None, torch.tensor([2.0]))
+    with pytest.raises(RuntimeError, match="without topk_ids"):
+        wrapped("silu", None, torch.ones(1, 4))

@@ -102,7 +102,7 @@ def test_applies_then_is_already_applied(tree_copy, version):
     assert (code, report["outcome"]) == (0, "applied")
     assert sorted(report["files"]) == sorted([TARGET, HELPER])
     source = (root / TARGET).read_text()
-    assert "    @fold_w13_global_scales\n    def process_weights_after_loading(" in source
+    assert "    @honour_w13_global_scales\n    def process_weights_after_loading(" in source
     code, report, _ = patch_layer("v8_moe_scales", root, "--import-check", "off")
     assert (code, report["outcome"]) == (0, "already-applied")
 
@@ -143,3 +143,37 @@ def test_a_base_without_the_method_is_refused(tree_copy):
     code, report, _ = patch_layer("v8_moe_scales", root, "--import-check", "off")
     assert (code, report["outcome"]) == (3, "refused")
     assert "ModelOptNvFp4FusedMoE.process_weights_after_loading not found" in report["reason"]
+
+
+EXACT_BOUND = 1e-6  # float64 emulation: only the float32 ratio's rounding (2^-24) is left
+PLANT_FLOOR = 1e-3  # a plant must err at least this much on the experts it touches
+
+
+@pytest.mark.parametrize("version", TREES)
+def test_the_exact_route_gives_the_checkpoints_moe_where_the_fold_and_stock_do_not(
+        probed, version):
+    """Marlin's experts class: the patched method keeps the gate's global and wraps the built
+    experts' activation; the fused MoE emulated in float64 on what vLLM handed the kernel,
+    Glm5Next's clamp biting, per expert, against float64 of the intended weights."""
+    doc = probed[version]
+    exact = doc["exact"]
+    routes, ratios = exact["routes"], doc["ratios"]
+    assert (exact["exact_wrapped"], exact["stock_wrapped"]) == ("UpHalfRatio", "function")
+    assert max(routes["exact"]) <= EXACT_BOUND, routes["exact"]
+    for expert, ratio in enumerate(ratios):
+        if abs(ratio - 1) > 0.07:  # beyond what a fold's rounding could hide: stock is off
+            assert routes["stock"][expert] > 0.1, (expert, routes["stock"])
+        power_of_two = ratio in (1.0, 2.0, 0.5)
+        # the fold re-rounds a block scale unless the ratio is a power of two: 1% or more
+        assert (routes["fold"][expert] <= EXACT_BOUND) == power_of_two, (expert, routes["fold"])
+    # the ratio on the routing weight instead: not exact once the clamp bites
+    assert max(routes["routing_weight"]) > 0.1
+
+
+@pytest.mark.parametrize("version", TREES)
+def test_the_exact_route_s_plants_fail(probed, version):
+    routes = probed[version]["exact"]["routes"]
+    off = routes["exact_ratio_1pct_off"]  # expert 3's ratio 1% off: that expert alone fails
+    assert [e for e, error in enumerate(off) if error > EXACT_BOUND] == [3]
+    assert off[3] > PLANT_FLOOR
+    assert min(routes["exact_slot_first"]) > PLANT_FLOOR  # rows read slot-first: every expert

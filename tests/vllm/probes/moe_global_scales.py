@@ -6,19 +6,31 @@ Marlin repacking) are replaced by a capture of what vLLM hands them. Prints one 
 
     python moe_global_scales.py
 
-Per run (stock: the method as vLLM wrote it, reached through the decorator's __wrapped__;
-fixed: the patched method; wrong-way: the fix with each half folded by the other's ratio, a
-plant the check must catch), per expert and half, in float64: the largest relative error of
-the effective block scale (what the kernel is given times the one global it gets) against
-the checkpoint's (the block scale times that half's own global), and how many blocks pass
-the bound the fold allows. Also: an equal-scale layer through stock and fixed (bit for bit),
-and the error of each choice of global (max, gate, searched) on ModelOpt-shaped weights.
+The fold (the experts class is not Marlin's, so the patched method folds). Per run (stock:
+the method as vLLM wrote it, reached through the decorator's __wrapped__; fixed: the patched
+method; wrong-way: the fix with each half folded by the other's ratio, a plant the check must
+catch), per expert and half, in float64: the largest relative error of the effective block
+scale (what the kernel is given times the one global it gets) against the checkpoint's (the
+block scale times that half's own global), and how many blocks pass the bound the fold
+allows. Also: an equal-scale layer through stock and fixed (bit for bit), and the error of
+each choice of global (max, gate, searched) on ModelOpt-shaped weights.
+
+The exact route (the experts class is vLLM's MarlinExperts, so the patched method keeps the
+gate's global and wraps the built experts' activation): the fused MoE emulated in float64 on
+what vLLM handed the kernel, rows ordered as the fused kernel writes them (token, then top-k
+slot), the activation called through the experts object as vLLM's MarlinExperts.apply does,
+SiLU with Glm5Next's clamp (``swiglu_limit``) set where it bites. Per expert (every token
+routed to it alone), the output's relative error against float64 of the checkpoint's intended
+weights: stock, the fold, the exact route, the routing-weight route (the ratio on the top-k
+weight, exact only without a clamp), and the exact route with one expert's ratio 1% off and
+with rows read slot-first (plants that must fail).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 import types
 
@@ -131,6 +143,114 @@ def run(modelopt, function, data) -> dict:
     return seen
 
 
+TOKENS = 12
+CLAMP_QUANTILE = 0.9  # the clamp bites on the largest tenth of the first GEMM's outputs
+
+
+def dequantize(scales: torch.Tensor, globals_rows: torch.Tensor, packed: torch.Tensor):
+    """float64 (E, rows, HIDDEN) from packed fp4, E4M3 block scales and a global per row."""
+    low, high = (packed & 0x7).long(), ((packed >> 4) & 0x7).long()
+    sign_low = 1 - 2 * ((packed >> 3) & 1).double()
+    sign_high = 1 - 2 * ((packed >> 7) & 1).double()
+    values = torch.stack([E2M1[low] * sign_low, E2M1[high] * sign_high], -1).flatten(-2)
+    return values * scales.double().repeat_interleave(GROUP, -1) * globals_rows[..., None]
+
+
+def clamped_silu(limit: float):
+    """Glm5Next's activation in float64 as vLLM's callback is called: (kind, out, in, **)."""
+
+    def activation(kind, output, input, *, topk_ids=None, expert_map=None):
+        gate, up = input.chunk(2, -1)
+        gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+        output.copy_(gate * torch.sigmoid(gate) * up)
+
+    return activation
+
+
+def fused_moe(w13, w2, x, ids, weights, activation, slot_first: bool = False):
+    """The fused MoE in float64: the first GEMM's rows in the kernel's order (token, then
+    slot; slot_first is the plant), the activation callback, the second GEMM, weighted sum."""
+    tokens, topk = ids.shape
+    order = [(t, k) for k in range(topk) for t in range(tokens)] if slot_first else \
+        [(t, k) for t in range(tokens) for k in range(topk)]
+    h = torch.stack([w13[ids[t, k]] @ x[t] for t, k in order])
+    act = torch.empty(h.shape[0], h.shape[1] // 2, dtype=torch.float64)
+    activation("silu", act, h, topk_ids=ids, expert_map=None)
+    out = torch.zeros(tokens, w2.shape[1], dtype=torch.float64)
+    for row, (t, k) in enumerate(order):
+        out[t] += weights[t, k] * (w2[ids[t, k]] @ act[row])
+    return out
+
+
+def exact_route(modelopt, helper, marlin_experts, data) -> dict:
+    """vLLM's patched method on Marlin's experts class, then the fused MoE in float64 on what
+    it handed the kernel and through the activation it left wrapped, per expert."""
+    packed, scales, globals_ = data
+    generator = torch.Generator().manual_seed(11)
+    w2 = torch.randn(EXPERTS, HIDDEN, ROWS, generator=generator, dtype=torch.float64) / 16
+    x = torch.randn(TOKENS, HIDDEN, generator=generator, dtype=torch.float64)
+    intended = dequantize(scales, globals_.double().repeat_interleave(ROWS, 1), packed)
+    limit = torch.quantile(torch.einsum("erh,th->etr", intended, x).abs().flatten(),
+                           CLAMP_QUANTILE).item()
+
+    def prepared(function, method_setup=lambda method: None):
+        """(the w13 the kernel computes with, in float64; the activation it calls)."""
+        experts = object.__new__(marlin_experts)
+        experts.activation = clamped_silu(limit)
+        experts.process_weights_after_loading = lambda layer: None
+        seen = capture_kernel_inputs(modelopt)
+        kernel = types.SimpleNamespace(fused_experts=experts)
+        modelopt.make_nvfp4_moe_kernel = lambda **kwargs: kernel
+        method = make_method(modelopt)
+        method.experts_cls = marlin_experts
+        method_setup(method)
+        layer = load_layer(modelopt, *data)
+        function(method, layer)
+        method.moe_kernel = kernel  # the stock method sets it too; a stand-in's capture may not
+        one_global = seen["w13_scale_2"].double().reshape(EXPERTS, 1).expand(-1, 2 * ROWS)
+        return dequantize(seen["w13_scale"], one_global, seen["w13"]), experts
+
+    fixed = modelopt.ModelOptNvFp4FusedMoE.process_weights_after_loading
+    stock = fixed.__wrapped__
+    runs = {"stock": prepared(stock), "exact": prepared(fixed)}
+    os.environ[helper.ROUTE_ENV] = "fold"
+    runs["fold"] = prepared(fixed)
+    del os.environ[helper.ROUTE_ENV]
+    original = helper.up_over_gate
+
+    def one_off(globals_):  # the plant: expert 3's ratio 1% off
+        ratios = original(globals_).clone()
+        ratios[3] *= 1.01
+        return ratios
+
+    helper.up_over_gate = one_off
+    runs["exact_ratio_1pct_off"] = prepared(fixed)
+    helper.up_over_gate = original
+    ratios = original(globals_).double()
+    out = {"clamp_limit": limit, "routes": {}}
+    for name in (*runs, "routing_weight", "exact_slot_first"):
+        errors = []
+        for expert in range(EXPERTS):
+            ids = torch.full((TOKENS, 2), expert, dtype=torch.long)  # both slots: the same expert
+            ids[:, 1] = (expert + 1) % EXPERTS
+            weights = torch.tensor([[1.0, 0.0]], dtype=torch.float64).expand(TOKENS, -1)
+            truth = fused_moe(intended, w2, x, ids, weights, clamped_silu(limit))
+            if name == "routing_weight":  # stock kernel, each row's weight x its expert's ratio
+                w13, experts = runs["stock"]
+                got = fused_moe(w13, w2, x, ids, weights * ratios[ids], experts.activation)
+            elif name == "exact_slot_first":
+                w13, experts = runs["exact"]
+                got = fused_moe(w13, w2, x, ids, weights, experts.activation, slot_first=True)
+            else:
+                w13, experts = runs[name]
+                got = fused_moe(w13, w2, x, ids, weights, experts.activation)
+            errors.append(((got - truth).norm() / truth.norm()).item())
+        out["routes"][name] = errors
+    out["exact_wrapped"] = type(runs["exact"][1].activation).__name__
+    out["stock_wrapped"] = type(runs["stock"][1].activation).__name__
+    return out
+
+
 def judge(seen: dict, scales: torch.Tensor, globals_: torch.Tensor) -> dict:
     """Per expert and half, what the kernel is given against the checkpoint: the largest
     relative error of the effective block scale, the blocks farther from the checkpoint's
@@ -210,6 +330,9 @@ def main() -> None:
     result["equal_scales"] = {"stock": digest(run(modelopt, stock, equal)),
                               "fixed": digest(run(modelopt, fixed, equal))}
     result["policies"] = policy_errors(helper, packed, scales, globals_)
+    from vllm.model_executor.layers.fused_moe.experts.marlin_moe import MarlinExperts
+
+    result["exact"] = exact_route(modelopt, helper, MarlinExperts, data)
     result["model_report"] = helper.MODEL_REPORT.line()
     print(json.dumps(result))
 
