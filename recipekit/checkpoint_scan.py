@@ -560,7 +560,7 @@ def read_scales(wanted: dict[str, Header], opener: Callable, fused_of: dict[str,
                 if not math.isfinite(value) or value <= 0:
                     raise CheckpointRefused(
                         f"{shard}: {name} is {value}, not a finite positive global scale; vLLM "
-                        f"would decode its half of {fused_of[name]} with it: the checkpoint is "
+                        f"would decode its part of {fused_of[name]} with it: the checkpoint is "
                         "damaged, re-download this shard")
                 values[name] = value
         if progress:

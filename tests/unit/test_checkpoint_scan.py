@@ -541,8 +541,22 @@ def test_a_global_that_is_nan_infinite_zero_or_negative_is_refused(tmp_path, val
         scan(directory)
     assert str(refused.value) == (
         f"{directory}/{shard}: {tensor} is {said}, not a finite positive global scale; vLLM "
-        f"would decode its half of {fused} with it: the checkpoint is damaged, re-download this "
+        f"would decode its part of {fused} with it: the checkpoint is damaged, re-download this "
         "shard")
+
+
+def test_the_docs_quote_the_refusals(tmp_path):
+    page = (REPO / "docs" / "checkpoints.md").read_text()
+    for name, plant in {
+            "expert": {"drop": ("model.layers.1.mlp.experts.0.up_proj.weight_scale_2",)},
+            "kda": {"drop": ("model.layers.1.self_attn.k_proj.weight_scale_2",
+                             "model.layers.1.self_attn.v_proj.weight_scale_2")},
+            "nan": {"scales": {"model.layers.0.mlp.up_proj.weight_scale_2": float("nan")}}}.items():
+        directory = synthetic.modelopt_merged(tmp_path, name, **plant)
+        with pytest.raises(CheckpointRefused) as refused:
+            scan(directory)
+        line = f"scan-checkpoint: {refused.value}".replace(str(directory), "/models/glm")
+        assert line in page, f"docs/checkpoints.md does not quote the {name} refusal as it is"
 
 
 def test_the_command_refuses_a_nan_global_in_one_line(tmp_path):

@@ -154,6 +154,7 @@ def test_unequal_merged_linears_are_refused_on_every_image(tmp_path, checkpoints
         "unequal (largest ratio 2), MLA fused_qkv_a 0 of 1 group unequal, indexer wk_weights 0 "
         "of 1 group unequal, KDA in_proj_qkvbfg_a 1 of 2 groups unequal (largest ratio 4); no "
         "image of this recipe corrects them")
+    assert summary.replace(str(model), "/models/glm") in DOCS
     assert started(state) == []
 
 
