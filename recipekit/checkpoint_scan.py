@@ -257,7 +257,8 @@ def experts_of(fused: list[KindScales]) -> ExpertScales:
     if kind is None:
         return ExpertScales("")
     decode = dict(kind.decode_at_largest)
-    up_over_gate = decode["up_proj"] / decode["gate_proj"] if decode else None
+    gate, up = kind.kind.shards
+    up_over_gate = decode[up] / decode[gate] if decode else None
     return ExpertScales(kind.scale_param, kind.groups, kind.differ, kind.largest_ratio,
                         kind.largest_at, up_over_gate)
 

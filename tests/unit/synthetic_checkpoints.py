@@ -23,8 +23,9 @@ scan computes is exact.
   layers 1-2 KDA attention (q, k, v, b, f_a, g_a; layer 1's v_proj global is the others' / 4,
   the largest ratio), routed experts all equal, shared experts (layer 2's gate global is
   twice its up's); vLLM 0.30.0 itself builds the KDA and indexer projections in 16 bits,
-  the scan judges them all the same. MERGED_UNEQUAL says which; `equal=True` makes every global the same,
-  `drop` leaves tensors out and `scales` sets globals, for the scan's refusals.
+  the scan judges them all the same. MERGED_UNEQUAL says which; `equal=True` makes every
+  global the same, `drop` leaves tensors out and `scales` sets globals, for the scan's
+  refusals.
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 pinned vLLM 0.30.0 tree (and 0.33.0's), read as source text with ast (no torch, no import of
 vLLM).
 
-Glm5Next (0.30.0: vllm/models/glm5next/nvidia/; 0.33.0: .../common/) fuses what `stacked_params_mapping` in
-`Glm5NextModel.load_weights` lists, the MTP head (`Glm5NextMTP.load_weights`) a subset of it,
-and the routed experts' halves named in `fused_moe_make_expert_params_mapping`; none of its
-classes defines a `packed_modules_mapping` (Glm5NextForConditionalGeneration inherits
+Glm5Next (0.30.0: vllm/models/glm5next/nvidia/; 0.33.0: .../common/) fuses what
+`stacked_params_mapping` in `Glm5NextModel.load_weights` lists, the MTP head
+(`Glm5NextMTP.load_weights`) a subset of it, and the routed experts' halves named in
+`fused_moe_make_expert_params_mapping`; none of its classes defines a `packed_modules_mapping` (Glm5NextForConditionalGeneration inherits
 Glm4v's, which names the vision tower's qkv, built with quant_config=None). The test fails
 when any of these differs from the table, and is shown failing on planted changes.
 """
@@ -150,7 +150,8 @@ def _packed_in_causal_lm(text: str) -> str:
 @pytest.mark.parametrize("file, plant, says", [
     # a seventh KDA shard
     ("model", _replace('(".in_proj_qkvbfg_a", ".g_a_proj", 5),',
-                       '(".in_proj_qkvbfg_a", ".g_a_proj", 5), (".in_proj_qkvbfg_a", ".h_proj", 6),'),
+                       '(".in_proj_qkvbfg_a", ".g_a_proj", 5), '
+                       '(".in_proj_qkvbfg_a", ".h_proj", 6),'),
      "Glm5NextModel fuses"),
     # q, k and v fused as a qkv_proj of their own
     ("model", _replace('(".in_proj_qkvbfg_a", ".q_proj", 0),', '(".qkv_proj", ".q_proj", 0),'),
