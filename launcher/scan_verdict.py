@@ -1,7 +1,10 @@
 """The checkpoint scan's report (scripts/scan-checkpoint --json, run in the serving image)
-judged for the run's image: a local MODEL whose routed experts' gate/up global scales differ
-is served right only by an image that corrects them (the chain from the layer the scan
-names); any other image would decode each such expert's up half off by the ratio, silently.
+judged for the run's image: a local MODEL with a fused group (a routed expert's gate/up
+halves, a merged linear's shards) whose global scales differ is served right only by an
+image that corrects that kind (the chain from the layer the scan names); any other image
+would decode such halves off by their ratio, silently. A checkpoint the scan refuses (a
+fused half without its global scale, or one that is NaN, infinite, zero or negative) is
+served wrong by every image.
 """
 
 from __future__ import annotations
@@ -10,6 +13,9 @@ from dataclasses import dataclass
 
 from launcher.checks import chain_layer_number
 from recipekit.recipe import Recipe
+
+# scripts/scan-checkpoint's exit status for a checkpoint it read and refuses
+REFUSED = 4
 
 
 class BadReport(Exception):
@@ -24,9 +30,14 @@ class Verdict:
 
 
 def failure(image: str, returncode: int, stderr: str) -> tuple[str, str]:
-    """(why, what is accepted) when the scan did not give its report: an image built before
-    scripts/scan-checkpoint existed lacks it (and the layers that came with it)."""
+    """(why, what is accepted) when the scan did not give its report: it refused the
+    checkpoint, or an image built before scripts/scan-checkpoint existed lacks it (and the
+    layers that came with it), or it could not read the directory."""
     said = (stderr.strip().splitlines() or ["no output"])[-1]
+    if returncode == REFUSED:
+        return (f"the checkpoint scan in {image} refuses it ({said}), whatever the image",
+                "a checkpoint whose fused halves each have a finite, positive global scale "
+                "(re-download it, or use one exported with them)")
     if "can't open file" in said and "scan-checkpoint" in said:
         return (f"IMAGE={image} has no scripts/scan-checkpoint: it was built before the scan "
                 "(and may lack the layers that came with it)",
@@ -37,29 +48,46 @@ def failure(image: str, returncode: int, stderr: str) -> tuple[str, str]:
             "scan")
 
 
+def mismatch(kinds: list[dict]) -> str:
+    """What differs, per kind: '3 of 8 routed experts' gate/up global scales differ (largest
+    ratio 4)', '1 of 2 shared experts gate_up groups' global scales differ (...)'."""
+    said = []
+    for kind in kinds:
+        if kind["kind"] == "experts":
+            what = "routed experts' gate/up"
+        else:
+            what = f"{kind['label']} groups'"
+        said.append(f"{kind['differ']} of {kind['groups']} {what} global scales differ (largest "
+                    f"ratio {kind['largest_ratio']:.4g})")
+    return ", and ".join(said)
+
+
 def judge(report: object, image: str, recipe: Recipe, chain_image: str) -> Verdict:
     """REPORT (the scan's JSON) for IMAGE; CHAIN_IMAGE is the image scripts/build.sh builds."""
     try:
         summary, fix = report["summary"], report["fix"]
-        experts = report["routed_experts"]
         needed, from_layer = bool(fix["needed"]), fix["from_layer"]
-        differ, pairs, largest = experts["differ"], experts["pairs"], experts["largest_ratio"]
+        unequal = [kind for kind in report["fused_groups"] if kind["differ"]]
+        differ = mismatch(unequal)
     except (TypeError, KeyError):
-        raise BadReport("the scan's JSON lacks summary, fix or routed_experts") from None
+        raise BadReport("the scan's JSON lacks summary, fix or fused_groups; an image built "
+                        "before the scan judged every fused group lacks fused_groups: rebuild "
+                        "the chain (scripts/build.sh)") from None
     if not needed:
         return Verdict(f"{summary}; {fix['says']}", "", "")
-    mismatch = (f"{differ} of {pairs} routed experts' gate/up global scales differ (largest "
-                f"ratio {largest:.4g})")
+    if not unequal:
+        raise BadReport("the scan's JSON says a fix is needed but no fused group differs")
     if from_layer is None:
-        return Verdict(f"{summary}; no image of this recipe corrects them", f"{mismatch}: "
-                       f"{fix['says']}", "a checkpoint whose gate and up scales are equal")
+        return Verdict(f"{summary}; no image of this recipe corrects them", f"{differ}: "
+                       f"{fix['says']}", "a checkpoint whose fused halves' global scales are "
+                       "equal")
     layer = chain_layer_number(recipe, image)
     if layer is not None and layer >= from_layer:
         return Verdict(f"{summary}; {image} corrects them (layer v{from_layer} and later fold "
                        "each half's global scale into its block scales)", "", "")
     what = (f"is chain layer v{layer}, before v{from_layer}" if layer is not None
             else f"is not a chain image from layer v{from_layer} on")
-    return Verdict(f"{summary}; {image} does not correct them", f"{mismatch}, and IMAGE={image} "
+    return Verdict(f"{summary}; {image} does not correct them", f"{differ}, and IMAGE={image} "
                    f"{what}, whose fold corrects them: it would serve each such expert's up half "
                    "off by its ratio (corrupt multibyte text, broken tool calls)",
                    f"IMAGE={chain_image}")

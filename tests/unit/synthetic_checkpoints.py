@@ -1,4 +1,4 @@
-"""Three tiny GLM-5.3-Flash-shaped checkpoints for the checkpoint scan, made at test time.
+"""Four tiny GLM-5.3-Flash-shaped checkpoints for the checkpoint scan, made at test time.
 
 Module names and tensor layouts are the ones vLLM 0.30.0's Glm5Next loader and its ModelOpt
 and compressed-tensors NVFP4 methods read (recipekit/checkpoint_scan.py names the code):
@@ -17,6 +17,15 @@ scan computes is exact.
   reciprocal of the decode scale; two experts differ: layer 1 expert 2 (global up = global
   gate / 4, so the up half decodes with 4x the gate's scale: up/gate 4, the largest) and
   layer 2 expert 1 (global up = 2 x global gate: up/gate 1/2); layer 3 (MTP-like) FP8.
+- modelopt_merged: ModelOpt 0.47 W4A16_NVFP4 with every merged linear Glm5Next fuses in
+  NVFP4 (recipekit/fused_groups.py): layer 0 MLA attention (q_a_proj + kv_a_proj_with_mqa,
+  the indexer's wk + weights_proj) and a dense MLP whose up global is the gate's / 2;
+  layers 1-2 KDA attention (q, k, v, b, f_a, g_a; layer 1's v_proj global is the others' / 4,
+  the largest ratio), routed experts all equal, shared experts (layer 2's gate global is
+  twice its up's); vLLM 0.30.0 itself builds the KDA and indexer projections in 16 bits,
+  the scan judges them all the same. MERGED_UNEQUAL says which; `equal=True` makes every
+  global the same, `drop` leaves tensors out and `scales` sets globals, for the scan's
+  refusals.
 """
 
 from __future__ import annotations
@@ -197,5 +206,49 @@ def compressed_tensors(root: Path) -> Path:
     return _write(root / "compressed-tensors", config, tensors, shards=2, index=True)
 
 
+KDA_SHARDS = ("q_proj", "k_proj", "v_proj", "b_proj", "f_a_proj", "g_a_proj")
+# tensor -> its global over GATE_SCALE in modelopt_merged; every other global is GATE_SCALE
+MERGED_UNEQUAL = {"model.layers.0.mlp.up_proj.weight_scale_2": 0.5,
+                  "model.layers.1.self_attn.v_proj.weight_scale_2": 0.25,
+                  "model.layers.2.mlp.shared_experts.gate_proj.weight_scale_2": 2.0}
+
+
+def modelopt_merged(root: Path, name: str = "modelopt-merged", equal: bool = False,
+                    drop: tuple[str, ...] = (), scales: dict[str, object] | None = None,
+                    config: dict | None = None) -> Path:
+    tensors: dict[str, torch.Tensor] = {}
+
+    def nvfp4(out, inputs, half=None):
+        return modelopt_nvfp4(out, inputs, GATE_SCALE, w4a4=False)
+
+    def expert(layer, number, out, inputs, half):
+        return nvfp4(out, inputs)
+
+    _add(tensors, "model.layers.0.self_attn.q_a_proj", nvfp4(WIDTH, HIDDEN))
+    _add(tensors, "model.layers.0.self_attn.kv_a_proj_with_mqa", nvfp4(WIDTH, HIDDEN))
+    _add(tensors, "model.layers.0.self_attn.q_b_proj", nvfp4(HIDDEN, WIDTH))
+    _add(tensors, "model.layers.0.self_attn.kv_b_proj", nvfp4(HIDDEN, WIDTH))
+    _add(tensors, "model.layers.0.self_attn.indexer.wk", nvfp4(WIDTH, HIDDEN))
+    _add(tensors, "model.layers.0.self_attn.indexer.weights_proj", nvfp4(WIDTH, HIDDEN))
+    _layer(tensors, 0, nvfp4, nvfp4, None, None)
+    for layer in (1, 2):
+        for shard in KDA_SHARDS:
+            _add(tensors, f"model.layers.{layer}.self_attn.{shard}", nvfp4(WIDTH, HIDDEN))
+        _layer(tensors, layer, _bf16, None, expert, nvfp4)
+    _ends(tensors)
+    for tensor, over_gate in ({} if equal else MERGED_UNEQUAL).items():
+        tensors[tensor] = torch.tensor(GATE_SCALE * over_gate, dtype=torch.float32)
+    for tensor, value in (scales or {}).items():
+        tensors[tensor] = value if isinstance(value, torch.Tensor) else torch.tensor(
+            value, dtype=torch.float32)
+    for tensor in drop:
+        del tensors[tensor]
+    quant = {"quant_method": "modelopt", "quant_algo": "W4A16_NVFP4", "group_size": GROUP,
+             "producer": {"name": "modelopt", "version": "0.47.0"},
+             "ignore": ["lm_head", "model.embed_tokens", "*.mlp.gate"]}
+    return _write(root / name, {**GLM_CONFIG, "q_lora_rank": WIDTH, **(config or {}),
+                                "quantization_config": quant}, tensors, shards=2, index=True)
+
+
 MAKERS = {"modelopt-unequal": modelopt_unequal, "nvidia-like": nvidia_like,
-          "compressed-tensors": compressed_tensors}
+          "compressed-tensors": compressed_tensors, "modelopt-merged": modelopt_merged}

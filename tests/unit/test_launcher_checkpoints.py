@@ -61,8 +61,9 @@ def test_a_modelopt_checkpoint_on_the_chain_image_boots_with_its_summary(tmp_pat
     assert result.returncode == 0, result.stderr
     line = (f"glm53: checkpoint {model}: ModelOpt NVFP4 (modelopt 0.45.0); modules 24 NVFP4, "
             "20 BF16; gate/up weight_scale_2 differ in 3 of 8 routed experts, largest ratio 4 at "
-            "model.layers.2.mlp.experts.0 (decode scale up/gate 0.25); glm53-sm121-v13 corrects "
-            "them (layer v8 and later fold each half's global scale into its block scales)")
+            "model.layers.2.mlp.experts.0 (decode scale up/gate 0.25); no NVFP4 merged linears; "
+            "glm53-sm121-v13 corrects them (layer v8 and later fold each half's global scale into "
+            "its block scales)")
     assert line in result.stdout.splitlines()
     assert line.replace(str(model), "/models/glm") in DOCS
     # on the head only, in the image, offline, the directory read-only, before any rank
@@ -82,8 +83,9 @@ def test_equal_scales_boot_with_nothing_to_fix(tmp_path, checkpoints):
     result = serve_local(tmp_path, state, model)
     assert result.returncode == 0, result.stderr
     assert (f"glm53: checkpoint {model}: ModelOpt NVFP4 (modelopt 0.47.0); modules 35 BF16, "
-            "27 NVFP4; gate/up weight_scale_2 equal in all 8 routed experts; nothing to fix: every "
-            "routed expert's gate and up global scales are equal") in result.stdout.splitlines()
+            "27 NVFP4; gate/up weight_scale_2 equal in all 8 routed experts; merged linears: dense "
+            "MLP gate_up 0 of 1 group unequal; nothing to fix: every fused group's global scales "
+            "are equal") in result.stdout.splitlines()
 
 
 def test_unequal_scales_on_an_image_that_does_not_correct_them_are_refused(tmp_path,
@@ -124,8 +126,53 @@ def test_compressed_tensors_mismatches_are_refused_on_every_image(tmp_path, chec
         f"refused: MODEL={model}: 2 of 8 routed experts' gate/up global scales differ (largest "
         "ratio 4): not corrected by any image of this recipe: vLLM's compressed-tensors NVFP4 "
         "MoE keeps the gate's global scale for both halves, and layer v8's fold covers "
-        "ModelOpt's path only; accepted: a checkpoint whose gate and up scales are equal, or "
-        "CHECKPOINT_SCAN=warn to boot anyway"]
+        "ModelOpt's path only; accepted: a checkpoint whose fused halves' global scales are "
+        "equal, or CHECKPOINT_SCAN=warn to boot anyway"]
+    assert started(state) == []
+
+
+def test_unequal_merged_linears_are_refused_on_every_image(tmp_path, checkpoints):
+    """Routed experts equal, three merged linears not: no image of this recipe corrects a
+    merged linear, the chain image included."""
+    state = cluster(tmp_path)
+    model = checkpoints["modelopt-merged"]
+    result = serve_local(tmp_path, state, model)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        f"refused: MODEL={model}: 1 of 2 shared experts gate_up groups' global scales differ "
+        "(largest ratio 2), and 1 of 1 dense MLP gate_up groups' global scales differ (largest "
+        "ratio 2), and 1 of 2 KDA in_proj_qkvbfg_a groups' global scales differ (largest ratio "
+        "4): not corrected by any image of this recipe: vLLM's NVFP4 linear keeps the largest "
+        "decode scale of a merged layer's shards and leaves their block scales, so each other "
+        "shard is served off by kept/own; accepted: a checkpoint whose fused halves' global "
+        "scales are equal, or CHECKPOINT_SCAN=warn to boot anyway"]
+    summary = [line for line in result.stdout.splitlines() if "checkpoint" in line][-1]
+    assert summary == (
+        f"glm53: checkpoint {model}: ModelOpt NVFP4 (modelopt 0.47.0); modules 52 NVFP4, 10 "
+        "BF16; gate/up weight_scale_2 equal in all 8 routed experts; merged linears: shared "
+        "experts gate_up 1 of 2 groups unequal (largest ratio 2), dense MLP gate_up 1 of 1 group "
+        "unequal (largest ratio 2), MLA fused_qkv_a 0 of 1 group unequal, indexer wk_weights 0 "
+        "of 1 group unequal, KDA in_proj_qkvbfg_a 1 of 2 groups unequal (largest ratio 4); no "
+        "image of this recipe corrects them")
+    assert summary.replace(str(model), "/models/glm") in DOCS
+    assert started(state) == []
+
+
+def test_a_checkpoint_the_scan_refuses_is_refused_in_one_line(tmp_path):
+    state = cluster(tmp_path)
+    missing = "model.layers.1.mlp.experts.0.up_proj.weight_scale_2"
+    model = synthetic.modelopt_merged(tmp_path, drop=(missing,))
+    result = serve_local(tmp_path, state, model)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        f"refused: MODEL={model}: the checkpoint scan in {IMAGE} refuses it (scan-checkpoint: "
+        f"{model}: {missing} is missing, while its fused partner "
+        "model.layers.1.mlp.experts.0.gate_proj.weight_scale_2 is in "
+        "model-00002-of-00002.safetensors; vLLM would serve model.layers.1.mlp.experts.0.w13 "
+        "with an uninitialised global scale (torch.empty): re-download the checkpoint, or use "
+        "one exported with every half's global scale), whatever the image; accepted: a "
+        "checkpoint whose fused halves each have a finite, positive global scale (re-download "
+        "it, or use one exported with them)"]
     assert started(state) == []
 
 
@@ -179,7 +226,10 @@ def test_an_image_without_the_scan_is_told_to_rebuild():
 
 def report(needed=True, from_layer=8):
     return {"summary": "S", "fix": {"needed": needed, "from_layer": from_layer, "says": "W"},
-            "routed_experts": {"differ": 1, "pairs": 2, "largest_ratio": 3.0}}
+            "fused_groups": [{"kind": "experts", "label": "routed experts gate/up", "differ": 1,
+                              "groups": 2, "largest_ratio": 3.0},
+                             {"kind": "dense_gate_up", "label": "dense MLP gate_up",
+                              "differ": 0, "groups": 1, "largest_ratio": None}]}
 
 
 def test_the_verdict_by_the_images_chain_layer():
@@ -193,6 +243,17 @@ def test_the_verdict_by_the_images_chain_layer():
     assert scan_verdict.judge(report(needed=False), STOCK, the_recipe, chain).problem == ""
     with pytest.raises(scan_verdict.BadReport):
         scan_verdict.judge({"summary": "S"}, chain, the_recipe, chain)
+    # an image whose scan predates fused_groups (its report has routed_experts only)
+    old = {**report(), "routed_experts": {"differ": 1, "pairs": 2, "largest_ratio": 3.0}}
+    del old["fused_groups"]
+    with pytest.raises(scan_verdict.BadReport, match="rebuild the chain"):
+        scan_verdict.judge(old, chain, the_recipe, chain)
+    linear = report(from_layer=None)
+    linear["fused_groups"][1].update(differ=1, largest_ratio=2.0)
+    refused = scan_verdict.judge(linear, chain, the_recipe, chain)
+    assert refused.problem == ("1 of 2 routed experts' gate/up global scales differ (largest "
+                               "ratio 3), and 1 of 1 dense MLP gate_up groups' global scales "
+                               "differ (largest ratio 2): W")
 
 
 # ----------------------------------------------------------------------------- nvidia's
