@@ -45,7 +45,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 VERSION = "0.30.0"
-LAYERS = ("v8_moe_scales", "v9", "v10", "v11", "v11_dflash_block_drop", "v13",
+LAYERS = ("v8_moe_scales", "v8_linear_scales", "v9", "v10", "v11", "v11_dflash_block_drop", "v13",
           "v13_weights")
 LOCK = Path(__file__).with_name("requirements.txt")
 CALL_LIMIT = 64 << 20  # what one call of the device tool carries, the repository included
