@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from bench import prompts
 from launcher.compare import boot as boots
 from launcher.compare import report, results
 from launcher.compare.rundir import BOOTS, Options, RunDir, read_json
@@ -325,6 +326,12 @@ def test_a_bench_missing_on_any_boot_voids_the_comparison(tmp_path, boot):
 @pytest.mark.parametrize("file, doc, why", [
     ("bench.json", {"schema": "bench_decode/1", "cells": [], "finished_at": None},
      "bench.json: the bench did not finish (no finished_at)"),
+    # a cell, but none of those asked: it passed as "speed not measured" (issue 48)
+    ("bench.json", {"finished_at": "x", "cells": [{"phase": "x", "concurrency": 9}]},
+     "bench.json: no cell for prose c=1, prose c=2, structured c=1, structured c=2, code c=1, "
+     "code c=2"),
+    ("bench.json", {**bench(30.0), "cells": bench(30.0)["cells"][:-1]},
+     "bench.json: no cell for code c=2"),
     ("solo-vs-concurrent.json", {"receipt": "solo-vs-concurrent"},
      "solo-vs-concurrent.json: no passed verdict"),
     ("gate.json", {"kind": "quality-aa"}, "gate.json: kind 'quality-aa', not 'quality-gate'"),
@@ -334,6 +341,10 @@ def test_a_file_that_is_not_the_tools_result_voids_the_comparison(tmp_path, file
     (run_dir.boot_dir("candidate") / file).write_text(json.dumps(doc))
     verdict = verdict_of(run_dir)
     assert verdict.exit == 2 and verdict.line.endswith(f"left no result ({why})"), verdict.line
+
+
+def test_the_bench_phases_owed_are_the_ones_the_bench_runs():
+    assert boots.BENCH_PHASES == prompts.PHASES
 
 
 def test_an_exit_that_disagrees_with_the_result_file_voids_the_comparison(tmp_path):
