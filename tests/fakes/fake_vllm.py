@@ -149,13 +149,14 @@ from the pattern), cut at max_tokens. Each decode step adds to /metrics one draf
 tokens, `accepted` accepted tokens and one per position below `accepted`. The greedy token at
 each position is derived from the messages (never from cache_salt) and the tokens before it.
 
-Endpoints: GET /health, /version, /v1/models, /metrics, /server_info (above); POST /v1/chat/completions (streamed
-SSE or not; stream_options.include_usage and continuous_usage_stats; logprobs with
-top_logprobs; return_tokens_as_token_ids renders tokens as "token_id:N"); POST /tokenize
-(chat messages to ids, the last one PROMPT_END) and POST /v1/completions on token ids (greedy
-with `logprobs` N, and `prompt_logprobs` N scoring given ids): there the next token depends on
-the prompt (the ids up to the last PROMPT_END), the output position and the previous id, with
-the same near-ties, flips and divergences as the chat model.
+Endpoints: GET /health, /version, /v1/models, /metrics, /server_info (above); POST
+/v1/chat/completions (streamed SSE or not; stream_options.include_usage and
+continuous_usage_stats; logprobs with top_logprobs; return_tokens_as_token_ids renders
+tokens as "token_id:N"); POST /tokenize (chat messages to ids, the last one PROMPT_END) and
+POST /v1/completions on token ids (greedy with `logprobs` N, and `prompt_logprobs` N
+scoring given ids): there the next token depends on the prompt (the ids up to the last
+PROMPT_END), the output position and the previous id, with the same near-ties, flips and
+divergences as the chat model.
 """
 
 from __future__ import annotations
