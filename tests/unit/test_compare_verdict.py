@@ -189,6 +189,30 @@ def test_failed_streams_fail_the_candidate_but_are_a_note_on_a_reference(tmp_pat
     assert verdict.failures == ["the bench (2 failed stream(s) at code c=2)"]
 
 
+@pytest.mark.parametrize("boot", ["candidate", "reference-a"])
+def test_a_cell_the_bench_invalidated_fails_the_candidate_but_is_a_note_on_a_reference(
+        tmp_path, boot):
+    """A wave the server queued (or a restart) voids the bench's cell: its figures are not
+    the speed of c streams, and the verdict says so instead of judging by them."""
+    run_dir = saved_run(tmp_path)
+    path = run_dir.boot_dir(boot) / "bench.json"
+    doc = json.loads(path.read_text())
+    why = ("run 1: /metrics showed 2 request(s) waiting after the wave's first token, so the "
+           "server ran fewer than 2 streams at once")
+    doc["cells"][1].update(invalid=True, invalid_reason=why)  # prose c=2
+    path.write_text(json.dumps(doc))
+    verdict = verdict_of(run_dir)
+    shown = f"prose c=2 invalid: {why}"
+    if boot == "candidate":
+        assert verdict.exit == 1 and verdict.failures == [f"the bench ({shown})"]
+    else:
+        assert verdict.exit == 0 and verdict.notes == [f"reference-a's bench: {shown}"]
+    summary = results.summarize(run_dir.path, run_dir.plan)
+    (row,) = [line for line in report.speed_table(summary, run_dir.plan["options"])
+              if line.startswith("| prose | 2 |")]
+    assert row.count(" invalid") == 1
+
+
 @pytest.mark.parametrize("differing, judged", [([], True), (["NUM_SPECULATIVE_TOKENS"], True),
                                                (["SPEC", "ADAPTIVE_VERIFY"], True),
                                                (["MODEL"], False),
