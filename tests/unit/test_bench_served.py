@@ -32,7 +32,7 @@ def _arrivals(log) -> int:
 @pytest.fixture(scope="module")
 def queueing(tmp_path_factory):
     """A server of max_num_seqs 2 that says so on /server_info and holds a third request
-    waiting, as vLLM does; 51 tokens of 20 ms: a second of decode a stream."""
+    waiting, as vLLM does; 20 ms a token."""
     log = tmp_path_factory.mktemp("queueing") / "requests.jsonl"
     with fake_vllm.spawn("--max-num-seqs", str(SEQS), "--queue", "--step-seconds", "0.02",
                          "--request-log", str(log),
@@ -64,22 +64,32 @@ def test_a_concurrency_beyond_max_num_seqs_is_refused_in_one_line(queueing, tmp_
 
 
 def test_a_wave_the_server_queued_invalidates_its_cell(queueing, tmp_path, capsys):
-    """A wrong --max-num-seqs (or none known) lets c=4 run; /metrics shows the two requests
-    the server held waiting, and the cell is void, not a c=2 figure labelled c=4."""
-    code, doc = _run(queueing.url, tmp_path, "--max-num-seqs", "4", "--concurrency", "2,4",
-                     "--max-tokens", "51")
+    """A wrong --max-num-seqs (or none known) lets c=3 run: the third request waits while the
+    first two decode (2 s: 101 tokens of 20 ms, the margin /metrics is read within), and the
+    cell is void, not a c=2 figure labelled c=3."""
+    code, doc = _run(queueing.url, tmp_path, "--max-num-seqs", "3", "--concurrency", "3",
+                     "--max-tokens", "101")
     assert code == 1
-    two, four = doc["cells"]
-    assert not two["invalid"] and two["measured_streams"] == 2
-    assert four["invalid"] and four["measured_streams"] == 4
-    assert four["invalid_reason"] == (
-        "run 1: /metrics showed 2 request(s) waiting after the wave's first token, so the server "
-        "ran fewer than 4 streams at once (its max_num_seqs is below that, or another client "
+    (cell,) = doc["cells"]
+    assert cell["invalid"] and cell["measured_streams"] == 3 and cell["failed_streams"] == 0
+    assert cell["invalid_reason"] == (
+        "run 1: /metrics showed 1 request(s) waiting after the wave's first token, so the server "
+        "ran fewer than 3 streams at once (its max_num_seqs is below that, or another client "
         "was using it)")
-    assert [w["waiting"] for w in doc["waves"]] == [0.0, 2.0]
-    assert doc["server"]["max_num_seqs"] == {"value": 4, "source": "--max-num-seqs"}
-    assert "prose c=4 invalid: run 1: /metrics showed 2 request(s) waiting" in \
+    assert [w["waiting"] for w in doc["waves"]] == [1.0]
+    assert doc["server"]["max_num_seqs"] == {"value": 3, "source": "--max-num-seqs"}
+    assert "prose c=3 invalid: run 1: /metrics showed 1 request(s) waiting" in \
         capsys.readouterr().err
+
+
+def test_a_wave_the_server_ran_whole_is_valid(queueing, tmp_path):
+    """The same server at c=2: nothing waits (the fake frees a place before its stream's last
+    bytes reach the client), so the check cannot void a healthy cell."""
+    code, doc = _run(queueing.url, tmp_path, "--concurrency", "2", "--runs", "2",
+                     "--max-tokens", "8")
+    assert code == 0
+    assert [w["waiting"] for w in doc["waves"]] == [0.0, 0.0]
+    assert not doc["cells"][0]["invalid"]
 
 
 @pytest.fixture(scope="module")
