@@ -3,17 +3,20 @@
 
     bench/bench_decode.py [--url http://127.0.0.1:8000] [--phase all] [--concurrency 1,2,4]
                           [--runs 3] [--max-tokens 200] [--json results.json]
-                          [--turn-tokens 8192,32768,65536]
+                          [--turn-tokens 8192,32768,65536] [--max-num-seqs N]
     bench/bench_decode.py --compare A.json B.json
 
 For each phase (prose, structured, code) and concurrency c it runs `--runs` waves of c
 streams at once, every stream greedy, thinking off, with its own unique prompt prefix. It
-reads the spec-decode counters of /metrics around each concurrency block. The turns phase
-(`--phase turns`, or `all,turns`; not in `all`) times one conversation growing to the
-`--turn-tokens` prompt sizes, turn by turn (bench/turns.py). Exit code: 0 when
-every stream was measured and no block was invalidated, 1 otherwise (a summary says what), 2
-when it could not start (bad option, server unreachable, model ambiguous). The JSON contract
-is documented in docs/bench.md.
+reads the spec-decode counters of /metrics around each concurrency block. The concurrencies
+stop at the server's max_num_seqs (bench/max_num_seqs.py says how it is learned): by default
+1,2,4 up to it; one given beyond it is refused; a wave the server held requests waiting
+through invalidates its cell. The turns phase (`--phase turns`, or `all,turns`; not in `all`)
+times one conversation growing to the `--turn-tokens` prompt sizes, turn by turn
+(bench/turns.py). Exit code: 0 when every stream was measured and no block was invalidated,
+1 otherwise (a summary says what), 2 when it could not start (bad option, server unreachable,
+model ambiguous, a concurrency beyond max_num_seqs, a failed warm-up). The JSON contract is
+documented in docs/bench.md.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ if __name__ == "__main__":  # a missing package: one line naming the install com
 
 import aiohttp
 
-from bench import prompts, report, turns
+from bench import max_num_seqs, prompts, report, server_url, turns
 from bench.progress import BenchProgress
 from bench.server_metrics import (
     MetricsSnapshot,
@@ -54,8 +57,11 @@ from bench.stream_client import Tally, chat_request, run_stream
 from bench.summary import build_cell, wave_figures
 from recipekit import apikey
 
-DEFAULT_URL = "http://127.0.0.1:8000"
 WARMUP_TOKENS = 16
+# the default concurrencies, those up to the server's max_num_seqs
+DEFAULT_CONCURRENCY = (1, 2, 4)
+# how often a wave looks for its first token, then reads /metrics once (seconds)
+WATCH_S = 0.005
 
 
 class BenchError(Exception):
@@ -99,13 +105,18 @@ def _positive(minimum: int):
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="bench_decode.py", description=__doc__.split("\n\n")[0],
                       allow_abbrev=False)
-    p.add_argument("--url", default=DEFAULT_URL, help=f"server base URL (default {DEFAULT_URL})")
+    server_url.add_argument(p)
     p.add_argument("--model", help="model id (default: the one /v1/models lists)")
     apikey.add_client_argument(p)
     p.add_argument("--phase", dest="phases", type=_phase_list, default="all",
                    help=f"all (default) or a comma list of {', '.join(prompts.PHASES)}")
-    p.add_argument("--concurrency", type=_concurrency_list, default=[1, 2, 4],
-                   help="comma-separated stream counts per wave (default 1,2,4)")
+    p.add_argument("--concurrency", type=_concurrency_list,
+                   help="comma-separated stream counts per wave (default "
+                        f"{','.join(map(str, DEFAULT_CONCURRENCY))}, those up to the server's "
+                        "max_num_seqs); one beyond max_num_seqs is refused")
+    p.add_argument("--max-num-seqs", type=_positive(1),
+                   help="the server's max_num_seqs (vLLM's --max-num-seqs), when the bench "
+                        "cannot learn it (docs/bench.md)")
     p.add_argument("--runs", type=_positive(1), default=3, help="waves per cell (default 3)")
     p.add_argument("--max-tokens", type=_positive(2), default=200)
     p.add_argument("--turn-tokens", type=turns.turn_tokens, default=list(turns.DEFAULT_TURN_TOKENS),
@@ -211,11 +222,26 @@ def _write_json(path: str, doc: dict) -> None:
     os.replace(temporary, target)
 
 
+def concurrency_for(asked: list[int] | None, seqs: max_num_seqs.Learned) -> list[int]:
+    """The concurrencies to run: ASKED, else the defaults up to max_num_seqs; BenchError for
+    one asked beyond a known max_num_seqs (its cell would time the server's queue)."""
+    if asked is None:
+        return [c for c in DEFAULT_CONCURRENCY if seqs.value is None or c <= seqs.value]
+    beyond = [c for c in asked if seqs.value is not None and c > seqs.value]
+    if beyond:
+        raise BenchError(
+            f"--concurrency {','.join(map(str, asked))}: {','.join(map(str, beyond))} is beyond "
+            f"the server's max_num_seqs {seqs.value} (from {seqs.source}), so those streams "
+            f"would wait in its queue; ask at most {seqs.value}, or pass --max-num-seqs if the "
+            "server runs more")
+    return asked
+
+
 async def run_bench(opts: argparse.Namespace, progress: BenchProgress) -> dict:
     """Run every cell; return the result document (the JSON contract)."""
     phases = [phase for phase in opts.phases if phase != turns.PHASE]  # the decode phases
-    url = opts.url.rstrip("/")
-    widest = max(opts.concurrency)
+    url = opts.url
+    widest = max(opts.concurrency or DEFAULT_CONCURRENCY)
     connector = aiohttp.TCPConnector(limit=widest + 4)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10.0, sock_read=opts.timeout)
     cpu0 = time.process_time()
@@ -223,34 +249,42 @@ async def run_bench(opts: argparse.Namespace, progress: BenchProgress) -> dict:
     async with aiohttp.ClientSession(connector=connector, timeout=timeout,
                                      headers=key.headers()) as client:
         model, models, version = await server_identity(client, url, opts.model, key=key)
+        seqs = await max_num_seqs.learn(client, url, opts.max_num_seqs, models)
+        # the turns phase alone runs no cell, so no concurrency of it can be beyond
+        concurrency = concurrency_for(opts.concurrency, seqs) if phases else []
+        progress.set_total(len(phases) * len(concurrency) * opts.runs)
         bench_id = secrets.token_hex(4)
         request_template = chat_request(model, [], opts.max_tokens, opts.ignore_eos)
         del request_template["messages"]
         doc = {
             "schema": report.SCHEMA,
             "settings": {"url": url, "model": model, "phases": opts.phases,
-                         "concurrency": opts.concurrency, "runs": opts.runs,
+                         "concurrency": concurrency, "runs": opts.runs,
                          "max_tokens": opts.max_tokens, "warmup": opts.warmup,
                          "timeout_s": opts.timeout, "ignore_eos": opts.ignore_eos,
                          "bench_id": bench_id, "request": request_template,
                          "prompts": {ph: prompts.phase_messages(ph, "<prefix>")[0]["content"]
                                      for ph in phases}},
-            "server": {"models": models, "vllm_version": version},
+            "server": {"models": models, "vllm_version": version,
+                       "max_num_seqs": seqs.to_json()},
             "started_at": _now_iso(), "finished_at": None,
             "waves": [], "cells": [], "notes": [],
         }
+        if seqs.value is None and phases:
+            doc["notes"].append(f"max_num_seqs {seqs.source}")
+            progress.note(doc["notes"][-1])
         for n in range(opts.warmup):
             body = chat_request(model, prompts.phase_messages(
                 (phases or prompts.PHASES)[0], prompts.unique_prefix(bench_id, "warmup", 1, n, 0)),
                 WARMUP_TOKENS, opts.ignore_eos)
             record = await run_stream(client, url, body, 0, "warmup", time.perf_counter(), Tally())
-            if not record.ok:
-                doc["notes"].append(f"warm-up request {n + 1} failed: {record.failure} "
-                                    f"{record.detail}")
-                progress.note(doc["notes"][-1])
+            if not record.ok:  # a server that fails this would hold every cell to its timeout
+                raise BenchError(f"the {WARMUP_TOKENS}-token warm-up request {n + 1} failed "
+                                 f"({record.failure}: {record.detail}), so no cell was run; "
+                                 "scripts/doctor says more")
         streamed = 0
         for phase in phases:
-            for c in opts.concurrency:
+            for c in concurrency:
                 streamed += await _run_cell(client, url, model, phase, c, opts, bench_id, doc,
                                             progress)
                 if opts.json_path:
@@ -271,7 +305,7 @@ async def run_bench(opts: argparse.Namespace, progress: BenchProgress) -> dict:
 async def _run_cell(client, url, model, phase, c, opts, bench_id, doc, progress) -> int:
     """Run the waves of one (phase, concurrency) cell; append waves and cell to doc."""
     snapshots = [await fetch_metrics(client, url)]
-    waves, records, restarts = [], [], []
+    waves, records, restarts, queued = [], [], [], []
     streamed = 0
     for run in range(1, opts.runs + 1):
         tally = Tally()
@@ -282,10 +316,16 @@ async def _run_cell(client, url, model, phase, c, opts, bench_id, doc, progress)
         started = time.time()
         async with progress.wave(label, c * opts.max_tokens, tally):
             wave_t0 = time.perf_counter()
+            watch = asyncio.create_task(waiting_in_wave(client, url, tally, c))
             wave_records = await asyncio.gather(*(
                 run_stream(client, url, body, s, prefixes[s], wave_t0, tally)
                 for s, body in enumerate(bodies)))
+            waiting = await watch
         streamed += tally.tokens
+        if waiting:
+            queued.append(f"run {run}: /metrics showed {waiting:g} request(s) waiting after the "
+                          f"wave's first token, so the server ran fewer than {c} streams at once "
+                          "(its max_num_seqs is below that, or another client was using it)")
         after = await fetch_metrics(client, url)
         restart = restart_between(snapshots[-1], after)
         if restart:
@@ -295,7 +335,10 @@ async def _run_cell(client, url, model, phase, c, opts, bench_id, doc, progress)
         snapshots.append(after)
         figures = wave_figures(wave_records)
         wave = {"phase": phase, "concurrency": c, "run": run, "started_at": started,
-                **figures, "acceptance_length": wave_accept["acceptance_length"],
+                **figures, "acceptance_length": (wave_accept["acceptance_length"]
+                                                 if figures["per_stream_tok_s"] is not None
+                                                 else None),
+                "waiting": waiting,
                 "failed_streams": sum(not r.ok for r in wave_records), "restart": restart,
                 "metrics_after": after.to_json(),
                 "streams": [r.to_json() for r in wave_records]}
@@ -306,12 +349,21 @@ async def _run_cell(client, url, model, phase, c, opts, bench_id, doc, progress)
     before, after = snapshots[0], snapshots[-1]
     delta = spec_delta(before, after)
     status, invalid = _spec_status(before, after, delta)
-    if restarts:
-        status, invalid = "invalid", "; ".join(restarts)
+    if restarts or queued:
+        status, invalid = "invalid", "; ".join(restarts + queued)
     cell = build_cell(phase, c, waves, records, delta, status, invalid, len(restarts))
     cell["metrics_before"] = before.to_json()
     doc["cells"].append(cell)
     return streamed
+
+
+async def waiting_in_wave(client, url: str, tally: Tally, streams: int) -> float | None:
+    """vllm:num_requests_waiting once the wave's first token has come (every request of the
+    wave was sent by then): a request the server still holds is one it did not run. None
+    when /metrics has no such gauge."""
+    while tally.tokens == 0 and tally.finished < streams:
+        await asyncio.sleep(WATCH_S)
+    return (await fetch_metrics(client, url)).waiting
 
 
 def failure_summary(doc: dict) -> list[str]:
@@ -347,13 +399,11 @@ def main(argv: list[str] | None = None) -> int:
         if by_turn:
             print("\n" + by_turn)
         return 0
-    if not opts.url.startswith(("http://", "https://")):
-        parser.error(f"--url must start with http:// or https://, got {opts.url!r}")
     if opts.timeout <= 0:
         parser.error(f"--timeout must be > 0 seconds, got {opts.timeout}")
     decode_phases = [phase for phase in opts.phases if phase != turns.PHASE]
-    progress = BenchProgress(BenchProgress.pick_mode(opts.quiet),
-                             len(decode_phases) * len(opts.concurrency) * opts.runs)
+    progress = BenchProgress(BenchProgress.pick_mode(opts.quiet), len(decode_phases) * len(
+        opts.concurrency or DEFAULT_CONCURRENCY) * opts.runs)
     try:
         with progress:
             doc = asyncio.run(run_bench(opts, progress))

@@ -23,6 +23,12 @@ class BenchProgress:
         self._progress: Progress | None = None
         self._overall = None
 
+    def set_total(self, total_waves: int) -> None:
+        """The number of waves, once the concurrencies are known (the server's max_num_seqs)."""
+        self.total_waves = total_waves
+        if self._progress is not None:
+            self._progress.update(self._overall, total=total_waves)
+
     @staticmethod
     def pick_mode(quiet: bool) -> str:
         if quiet:

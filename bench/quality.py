@@ -49,6 +49,7 @@ if __name__ == "__main__":  # a missing package: one line naming the install com
 
 import aiohttp
 
+from bench import server_url
 from bench.bench_decode import BenchError, api_key_of, server_identity
 from bench.divergence import PositionScore, Totals, score_position
 from bench.greedy import GreedyOutput, ReceiptError, compare_outputs
@@ -334,7 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("record", "aa", "gate"):
         p = sub.add_parser(name, allow_abbrev=False)
-        p.add_argument("--url", required=True, help="the server to record or to compare")
+        server_url.add_argument(p, "the server to record or to compare", required=True)
         p.add_argument("--model", help="model id (default: the one /v1/models lists)")
         apikey.add_client_argument(p)
         p.add_argument("--out", required=True, help="the JSON file to write")
@@ -359,8 +360,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _check_options(parser, opts) -> None:
-    if not opts.url.startswith(("http://", "https://")):
-        parser.error(f"server URL must start with http:// or https://, got {opts.url!r}")
     if opts.command == "record" and (opts.top_n < 2 or opts.max_tokens < 1
                                      or opts.needle_words < 20):
         parser.error("need --top-n >= 2, --max-tokens >= 1 and --needle-words >= 20")

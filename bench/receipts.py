@@ -38,6 +38,7 @@ if __name__ == "__main__":  # a missing package: one line naming the install com
 
 import aiohttp
 
+from bench import server_url
 from bench.bench_decode import BenchError, api_key_of, server_identity
 from bench.greedy import (
     VERDICT_IDENTICAL,
@@ -94,7 +95,7 @@ def _user(prompt: str) -> list[dict]:
 
 
 async def lossless(client, opts, prompts) -> tuple[list[Comparison], list[str]]:
-    drafted, undrafted = opts.drafted.rstrip("/"), opts.undrafted.rstrip("/")
+    drafted, undrafted = opts.drafted, opts.undrafted
     model_d = await _model_of(client, drafted, opts.model, opts.key)
     model_u = await _model_of(client, undrafted, opts.model, opts.key)
     before = [await fetch_metrics(client, drafted), await fetch_metrics(client, undrafted)]
@@ -120,7 +121,7 @@ async def lossless(client, opts, prompts) -> tuple[list[Comparison], list[str]]:
 
 
 async def solo_vs_concurrent(client, opts, prompts) -> tuple[list[Comparison], list[str]]:
-    url = opts.url.rstrip("/")
+    url = opts.url
     model = await _model_of(client, url, opts.model, opts.key)
     # every request is salted so that neither side is served from the other's prefix cache
     solo = [await record_greedy(client, url, model, _user(p), opts.max_tokens, _salt())
@@ -131,7 +132,7 @@ async def solo_vs_concurrent(client, opts, prompts) -> tuple[list[Comparison], l
 
 
 async def resumed_vs_fresh(client, opts, prompts) -> tuple[list[Comparison], list[str]]:
-    url = opts.url.rstrip("/")
+    url = opts.url
     model = await _model_of(client, url, opts.model, opts.key)
     comparisons = []
     for prompt in prompts:
@@ -157,12 +158,14 @@ def build_parser() -> argparse.ArgumentParser:
     for name in RECEIPTS:
         p = sub.add_parser(name, allow_abbrev=False)
         if name == "lossless":
-            p.add_argument("--drafted", required=True, help="URL of the server that drafts")
-            p.add_argument("--undrafted", required=True, help="URL of the server with SPEC=off")
+            p.add_argument("--drafted", required=True, type=server_url.base_url,
+                           help="URL of the server that drafts (a trailing /v1 is fine)")
+            p.add_argument("--undrafted", required=True, type=server_url.base_url,
+                           help="URL of the server with SPEC=off (a trailing /v1 is fine)")
             p.add_argument("--skip-draft-check", action="store_true",
                            help="do not require the drafted server's counters to grow")
         else:
-            p.add_argument("--url", default="http://127.0.0.1:8000")
+            server_url.add_argument(p)
         p.add_argument("--model", help="model id (default: the one /v1/models lists)")
         apikey.add_client_argument(p)
         p.add_argument("--max-tokens", type=int, default=128)
@@ -179,10 +182,6 @@ def main(argv: list[str] | None = None) -> int:
     opts = parser.parse_args(argv)
     if opts.max_tokens < 1 or opts.near_tie_nats < 0 or opts.timeout <= 0:
         parser.error("need --max-tokens >= 1, --near-tie-nats >= 0 and --timeout > 0")
-    urls = [opts.drafted, opts.undrafted] if opts.receipt == "lossless" else [opts.url]
-    for url in urls:
-        if not url.startswith(("http://", "https://")):
-            parser.error(f"server URL must start with http:// or https://, got {url!r}")
 
     async def take() -> tuple[list[Comparison], list[str]]:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10.0, sock_read=opts.timeout)

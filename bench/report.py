@@ -74,8 +74,11 @@ def compare(a_doc: dict, b_doc: dict) -> str:
         if b is None:
             lines.append(f"| {a['phase']} | {a['concurrency']} | (only in A) | | | | |")
             continue
+        void = [side for side, cell in (("A", a), ("B", b)) if cell.get("invalid")]
         for key, label, better in COMPARED:
             change, verdict = _verdict(a[key], b[key], better)
+            if void:  # a restart, or a wave the server queued: not the speed of c streams
+                verdict = f"not comparable (invalid in {' and '.join(void)})"
             digits = 3 if key == "ttft_s" else 1
             lines.append(f"| {a['phase']} | {a['concurrency']} | {label} | "
                          f"{_spread(a[key], digits)} | {_spread(b[key], digits)} | {change} | "

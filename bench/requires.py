@@ -10,7 +10,9 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-INSTALL = "python3 -m pip install -r requirements/bench.txt"
+# a venv in the checkout: a system python3 under PEP 668 (DGX OS's) refuses `pip install`
+VENV_PYTHON = ".venv/bin/python"
+INSTALL = "python3 -m venv .venv && .venv/bin/pip install -r requirements/bench.txt"
 # What the streaming tools import (bench_decode, probes, quality, receipts, bench_cost).
 CLIENT_MODULES = ("aiohttp", "prometheus_client", "rich")
 # What bench/plot.py imports.
@@ -21,7 +23,7 @@ EXIT_MISSING = 2
 
 def missing_line(tool: str, missing: list[str]) -> str:
     return (f"{tool}: needs {', '.join(missing)}, which {sys.executable} lacks; install the "
-            f"bench's packages: {INSTALL}")
+            f"bench's packages in a venv, {INSTALL}, and run {VENV_PYTHON} {tool}")
 
 
 def require(tool: str, modules: tuple[str, ...], doc: str | None) -> None:

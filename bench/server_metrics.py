@@ -14,6 +14,8 @@ DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
 ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 START_TIME = "process_start_time_seconds"
+# requests the scheduler holds, not running: beyond max_num_seqs, or out of KV (a gauge)
+WAITING = "vllm:num_requests_waiting"
 # prefix-cache tokens looked up and found, counted per request at its scheduling (vLLM v1)
 PREFIX_QUERIES = "vllm:prefix_cache_queries"
 PREFIX_HITS = "vllm:prefix_cache_hits"
@@ -31,12 +33,13 @@ class MetricsSnapshot:
     spec: dict[str, float] | None = None
     per_position: dict[int, float] = field(default_factory=dict)
     prefix: dict[str, float] | None = None  # {"queries", "hits"}; None without such counters
+    waiting: float | None = None  # the WAITING gauge summed over engines; None without it
 
     def to_json(self) -> dict:
         return {"reachable": self.reachable, "error": self.error, "start_time": self.start_time,
                 "spec": self.spec, "per_position": {str(k): v for k, v in
                                                     sorted(self.per_position.items())},
-                "prefix": self.prefix}
+                "prefix": self.prefix, "waiting": self.waiting}
 
 
 def _base_name(sample_name: str) -> str | None:
@@ -57,6 +60,8 @@ def parse_metrics(text: str) -> MetricsSnapshot:
                 name = _base_name(sample.name)
                 if name == START_TIME:
                     snapshot.start_time = float(sample.value)
+                elif name == WAITING:
+                    snapshot.waiting = (snapshot.waiting or 0.0) + float(sample.value)
                 elif name in _TOTALS:
                     key = _TOTALS[name]
                     totals[key] = totals.get(key, 0.0) + float(sample.value)

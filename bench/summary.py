@@ -54,7 +54,8 @@ def build_cell(phase: str, concurrency: int, waves: list[dict], records: list[li
     def over_runs(key: str) -> dict | None:
         return spread([w[key] for w in waves if w[key] is not None])
 
-    figures = acceptance(None if invalid_reason else delta)
+    # no measured stream, no acceptance: the counters moved for streams that failed
+    figures = acceptance(None if invalid_reason or not measured else delta)
     return {
         "phase": phase,
         "concurrency": concurrency,

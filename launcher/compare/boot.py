@@ -48,6 +48,18 @@ RANK_LOG_LINES = 200
 # picture: without it the report says so)
 TOOL_MODULES = ("aiohttp", "prometheus_client", "rich")
 CRASH_GUARD = Path(__file__).with_name("crash_guard.py")
+# the checkout's venv, where README installs the bench's packages (a system python3 under
+# PEP 668 refuses them): the bench's tools run on its python when it exists
+BENCH_VENV_PYTHON = ROOT / ".venv" / "bin" / "python"
+BENCH_INSTALL = "python3 -m venv .venv && .venv/bin/pip install -r requirements/bench.txt"
+# bench/prompts.py's PHASES: the cells `--phase all` owes at each concurrency (the launcher
+# imports nothing of bench/; tests/unit/test_compare_verdict.py holds the two equal)
+BENCH_PHASES = ("prose", "structured", "code")
+
+
+def bench_python() -> str:
+    """The python the bench's tools run on: the checkout's venv, else this one."""
+    return str(BENCH_VENV_PYTHON) if BENCH_VENV_PYTHON.is_file() else sys.executable
 
 
 def json_object(doc, code: int) -> str:
@@ -69,13 +81,23 @@ def receipt_result(doc, code: int) -> str:
     return json_object(doc, code) or _verdict_agrees(doc, code)
 
 
-def bench_result(doc, code: int) -> str:
-    """bench/bench_decode.py --json: written after each cell, finished_at set when all ran."""
-    if why := json_object(doc, code):
-        return why
-    if not doc.get("finished_at"):
-        return "the bench did not finish (no finished_at)"
-    return "" if isinstance(doc.get("cells"), list) and doc["cells"] else "no cells"
+def bench_result(concurrency: tuple[int, ...]) -> Callable[[dict, int], str]:
+    """bench/bench_decode.py --json: written after each cell, finished_at set when all ran,
+    and holding a cell for every phase at every concurrency in CONCURRENCY."""
+    owed = [(phase, c) for phase in BENCH_PHASES for c in concurrency]
+
+    def check(doc, code: int) -> str:
+        if why := json_object(doc, code):
+            return why
+        if not doc.get("finished_at"):
+            return "the bench did not finish (no finished_at)"
+        if not isinstance(doc.get("cells"), list) or not doc["cells"]:
+            return "no cells"
+        found = {(cell.get("phase"), cell.get("concurrency")) for cell in doc["cells"]
+                 if isinstance(cell, dict)}
+        lacking = [f"{phase} c={c}" for phase, c in owed if (phase, c) not in found]
+        return f"no cell for {', '.join(lacking)}" if lacking else ""
+    return check
 
 
 def quality_result(kind: str) -> Callable[[dict, int], str]:
@@ -143,18 +165,22 @@ def key_file_of(side: Side) -> str | None:
 
 
 def measurements(boot: str, url: str, options: Options, run_dir: RunDir,
-                 key_file: str | None = None) -> list[Measurement]:
+                 key_file: str | None = None, max_num_seqs: str | None = None
+                 ) -> list[Measurement]:
     """What BOOT is measured with, in order: the quality gate's step, the receipts, the bench,
     the integrity probes (each told KEY_FILE, the server's API key file, by its path: the key
-    is on no argv)."""
+    is on no argv; the bench told MAX_NUM_SEQS, the MAX_NUM_SEQS the boot's server runs)."""
     found = _measurements(boot, url, options, run_dir)
+    if max_num_seqs is not None:
+        found = [replace(m, argv=(*m.argv, "--max-num-seqs", max_num_seqs))
+                 if m.key == "bench" else m for m in found]
     if key_file is None:
         return found
     return [replace(m, argv=(*m.argv, "--api-key-file", key_file)) for m in found]
 
 
 def _measurements(boot: str, url: str, options: Options, run_dir: RunDir) -> list[Measurement]:
-    folder, python = run_dir.boot_dir(boot), sys.executable
+    folder, python = run_dir.boot_dir(boot), bench_python()
     command = BOOTS[boot][1]
     quality = [python, str(BENCH / "quality.py"), command, "--url", url,
                "--out", str(folder / QUALITY_FILES[command])]
@@ -181,7 +207,7 @@ def _measurements(boot: str, url: str, options: Options, run_dir: RunDir) -> lis
           if options.turn_tokens else ("--phase", "all")),
         "--concurrency", ",".join(map(str, options.concurrency)), "--runs", str(options.runs),
         "--max-tokens", str(options.max_tokens), "--json", str(folder / "bench.json")),
-        "bench.json", (0, 1), bench_result))
+        "bench.json", (0, 1), bench_result(options.concurrency)))
     found.append(Measurement("probes", f"integrity probes: {', '.join(INTEGRITY_PROBES)}", (
         python, str(BENCH / "probes.py"), "--url", url, "--only", ",".join(INTEGRITY_PROBES),
         "--json", str(folder / PROBES_FILE)), PROBES_FILE, (0, 1), probes_result))
@@ -204,12 +230,13 @@ def guarded(argv: tuple[str, ...]) -> list[str]:
 
 
 def tools_missing() -> str | None:
-    """The bench's packages this python lacks, as one line, or None."""
-    probe = subprocess.run([sys.executable, "-c", f"import {', '.join(TOOL_MODULES)}"],
+    """The bench's packages the bench's python lacks, as one line, or None."""
+    python = bench_python()
+    probe = subprocess.run([python, "-c", f"import {', '.join(TOOL_MODULES)}"],
                            capture_output=True, text=True, check=False)
     if probe.returncode == 0:
         return None
-    return (f"{sys.executable} cannot import the bench's packages ({', '.join(TOOL_MODULES)}): "
+    return (f"{python} cannot import the bench's packages ({', '.join(TOOL_MODULES)}): "
             f"{probe.stderr.strip().splitlines()[-1] if probe.stderr.strip() else 'import failed'}")
 
 
@@ -309,7 +336,8 @@ class Boot:
             self.say(f"ready after {minutes(self.record['boot_s'])}")
             self.save()
             for measurement in measurements(self.boot, self.side.url, self.options, self.run_dir,
-                                            key_file_of(self.side)):
+                                            key_file_of(self.side),
+                                            self.side.values["MAX_NUM_SEQS"]):
                 self.measure(measurement)
             self.record["status"] = FINISHED
         except BootEnded as ended:

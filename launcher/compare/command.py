@@ -172,6 +172,19 @@ def asked(opts: argparse.Namespace) -> Asked:
     return Asked(reference, candidate, options, out=out, reference_from=source)
 
 
+def check_concurrency(options: Options, *both: sides.Side) -> None:
+    """Refused: a bench concurrency beyond a side's MAX_NUM_SEQS (the bench would refuse it
+    after the boot; its cell would time the server's queue)."""
+    for side in both:
+        seqs = int(side.values["MAX_NUM_SEQS"])
+        if max(options.concurrency) > seqs:
+            raise Refused(f"refused: scripts/compare --concurrency "
+                          f"{','.join(map(str, options.concurrency))}: beyond the {side.role}'s "
+                          f"MAX_NUM_SEQS {seqs}, those streams would wait in its queue; accepted: "
+                          f"concurrencies up to {seqs}, or MAX_NUM_SEQS=N in the --{side.role} "
+                          "words")
+
+
 def open_run(ask: Asked) -> RunDir:
     """The saved comparison (--resume), or a new report directory holding the plan (and the
     reference boots --reference-from names)."""
@@ -214,7 +227,8 @@ def print_dry_run(reference: sides.Side, candidate: sides.Side, options: Options
         serve.run(side.checked, ROOT)
         print(f"# {PREFIX}{boot}'s measurements against {side.url}")
         for measurement in boots.measurements(boot, side.url, options, placeholder,
-                                              boots.key_file_of(side)):
+                                              boots.key_file_of(side),
+                                              side.values["MAX_NUM_SEQS"]):
             print(quote(list(measurement.argv)))
         print(f"# {PREFIX}stop {boot}", flush=True)
         serve.stop(side.checked)
@@ -253,12 +267,13 @@ def main(argv: list[str]) -> int:
     try:
         ask = asked(build_parser().parse_args(argv))
         reference, candidate = ask.reference, ask.candidate
+        check_concurrency(ask.options, reference, candidate)
         if reference.values["DRY_RUN"] == "1":
             print_dry_run(reference, candidate, ask.options)
             return 0
         if why := boots.tools_missing():
-            raise Refused(f"refused: scripts/compare: {why}; accepted: a python3 with the "
-                          "bench's packages (python3 -m pip install -r requirements/bench.txt)")
+            raise Refused(f"refused: scripts/compare: {why}; accepted: the bench's packages "
+                          f"in the checkout's venv ({boots.BENCH_INSTALL})")
         if busy := boots.not_free(reference):
             raise Refused(f"refused: scripts/compare: {busy}; scripts/compare boots its own "
                           "ranks: run ./stop.sh first")

@@ -56,7 +56,9 @@ def speed_table(summary: dict, options: dict) -> list[str]:
              "| phase | c | reference A | reference B | candidate | change | A/A | acceptance "
              "length A / B / candidate |", "|---|---|---|---|---|---|---|---|"]
     for row in summary["speed"]:
-        speeds = [f"{_num(row['per_stream'][b])} ({_num(row['aggregate'][b])})" for b in BOOTS]
+        # a cell the bench voided (a restart, a wave the server queued) says so beside its figures
+        speeds = [f"{_num(row['per_stream'][b])} ({_num(row['aggregate'][b])})"
+                  + (" invalid" if row.get("invalid", {}).get(b) else "") for b in BOOTS]
         acceptance = " / ".join(_num(row["acceptance_length"][b], 2) for b in BOOTS)
         spread = ("-" if row["reference_spread_pct"] is None
                   else f"{row['reference_spread_pct']:.1f}%")

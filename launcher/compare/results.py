@@ -103,13 +103,16 @@ def speed_rows(files: dict[str, dict]) -> list[dict]:
     rows = []
     for phase, c in keys:
         row = {"phase": phase, "concurrency": c, "per_stream": {}, "aggregate": {},
-               "acceptance_length": {}, "failed_streams": {}}
+               "acceptance_length": {}, "failed_streams": {}, "invalid": {}}
         for boot in BOOTS:
             cell = cells.get(boot, {}).get((phase, c))
             row["per_stream"][boot] = _median(cell, "per_stream_tok_s")
             row["aggregate"][boot] = _median(cell, "aggregate_tok_s")
             row["acceptance_length"][boot] = (cell or {}).get("acceptance_length")
             row["failed_streams"][boot] = (cell or {}).get("failed_streams")
+            # a restart, or a wave the server queued: the bench's own reason, or None
+            row["invalid"][boot] = (cell or {}).get("invalid_reason") if (cell or {}).get(
+                "invalid") else None
         references = [row["per_stream"]["reference-a"], row["per_stream"]["reference-b"]]
         row["change_pct"] = change_pct(row["per_stream"]["candidate"], references)
         row["reference_spread_pct"] = spread_pct(references)
@@ -287,6 +290,11 @@ def decide(summary: dict, plan: dict) -> Verdict:
         for boot, count in row["failed_streams"].items():
             if count:
                 where = f"{count} failed stream(s) at {row['phase']} c={row['concurrency']}"
+                (failures.append(f"the bench ({where})") if boot == "candidate"
+                 else notes.append(f"{boot}'s bench: {where}"))
+        for boot, why in row.get("invalid", {}).items():
+            if why:
+                where = f"{row['phase']} c={row['concurrency']} invalid: {_clip(why)}"
                 (failures.append(f"the bench ({where})") if boot == "candidate"
                  else notes.append(f"{boot}'s bench: {where}"))
     speed = speed_phrase(headline(summary["speed"], plan["options"]["concurrency"]))

@@ -78,6 +78,16 @@ beside it (the command-line option wins).
                                                       delays the first token by the uncached ones
   --enable-prompt-tokens-details (vLLM's flag)        usage carries prompt_tokens_details
                                                       .cached_tokens
+  --max-num-seqs N        (vLLM's flag)              what GET /server_info reports (served, as
+                                                      vLLM serves it, only with
+                                                      VLLM_SERVER_DEV_MODE=1); with --queue the
+                                                      most chat requests decoding at once
+  --queue                 FAKE_VLLM_QUEUE=1          honour --max-num-seqs: a chat request
+                                                      beyond it waits (vllm:num_requests_waiting)
+                                                      until one finishes, its clock starting
+                                                      then; off by default, because the
+                                                      launcher's tests pass the recipe's 2 and
+                                                      the probes send 11 at once
   --logprob-tilt T        FAKE_VLLM_LOGPROB_TILT     /v1/completions: the top-1 token's logprob is
                                                       T nats lower at every position (a candidate
                                                       whose distributions differ by a known KL);
@@ -139,13 +149,14 @@ from the pattern), cut at max_tokens. Each decode step adds to /metrics one draf
 tokens, `accepted` accepted tokens and one per position below `accepted`. The greedy token at
 each position is derived from the messages (never from cache_salt) and the tokens before it.
 
-Endpoints: GET /health, /version, /v1/models, /metrics; POST /v1/chat/completions (streamed
-SSE or not; stream_options.include_usage and continuous_usage_stats; logprobs with
-top_logprobs; return_tokens_as_token_ids renders tokens as "token_id:N"); POST /tokenize
-(chat messages to ids, the last one PROMPT_END) and POST /v1/completions on token ids (greedy
-with `logprobs` N, and `prompt_logprobs` N scoring given ids): there the next token depends on
-the prompt (the ids up to the last PROMPT_END), the output position and the previous id, with
-the same near-ties, flips and divergences as the chat model.
+Endpoints: GET /health, /version, /v1/models, /metrics, /server_info (above); POST
+/v1/chat/completions (streamed SSE or not; stream_options.include_usage and
+continuous_usage_stats; logprobs with top_logprobs; return_tokens_as_token_ids renders
+tokens as "token_id:N"); POST /tokenize (chat messages to ids, the last one PROMPT_END) and
+POST /v1/completions on token ids (greedy with `logprobs` N, and `prompt_logprobs` N
+scoring given ids): there the next token depends on the prompt (the ids up to the last
+PROMPT_END), the output position and the previous id, with the same near-ties, flips and
+divergences as the chat model.
 """
 
 from __future__ import annotations
@@ -251,6 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prefix-cache-block", type=int,
                         default=int(env("FAKE_VLLM_PREFIX_CACHE_BLOCK", "0")))
     parser.add_argument("--enable-prompt-tokens-details", action="store_true")
+    parser.add_argument("--max-num-seqs", type=int, default=0)
+    parser.add_argument("--queue", action="store_true", default=_env_flag("FAKE_VLLM_QUEUE"))
     add_answer_options(parser)
     add_launcher_options(parser)
     return parser
@@ -323,6 +336,9 @@ class Program:
     prompt_tokens_details: bool = False
     prefill_tok_s: float = 0.0  # 0: prefill takes no time
     api_key: str = ""
+    max_num_seqs: int = 0       # vLLM's --max-num-seqs (0: not given)
+    queue: bool = False         # hold chat requests beyond max_num_seqs waiting
+    dev_mode: bool = False      # VLLM_SERVER_DEV_MODE=1: GET /server_info answers
 
 
 def program_from_args(args: argparse.Namespace) -> Program:
@@ -347,6 +363,8 @@ def program_from_args(args: argparse.Namespace) -> Program:
                          f"(the draft length), got {args.accept_pattern!r}")
     if args.prefix_cache_block < 0 or args.prefill_tok_s < 0:
         raise SystemExit("fake_vllm: need --prefix-cache-block >= 0 and --prefill-tok-s >= 0")
+    if args.queue and args.max_num_seqs < 1:
+        raise SystemExit("fake_vllm: --queue needs --max-num-seqs >= 1")
     if args.step_seconds <= 0 or args.ttft_seconds < 0 or args.first_chunk_tokens < 1:
         raise SystemExit("fake_vllm: need --step-seconds > 0, --ttft-seconds >= 0 and "
                          "--first-chunk-tokens >= 1")
@@ -380,6 +398,9 @@ def program_from_args(args: argparse.Namespace) -> Program:
         prefix_block=args.prefix_cache_block,
         prompt_tokens_details=args.enable_prompt_tokens_details,
         prefill_tok_s=args.prefill_tok_s,
+        max_num_seqs=args.max_num_seqs,
+        queue=args.queue,
+        dev_mode=_env_flag("VLLM_SERVER_DEV_MODE"),
     )
 
 
@@ -453,6 +474,8 @@ class FakeState:
         self.arrivals = 0
         self.finished = 0
         self.in_flight = 0
+        self.waiting = 0  # chat requests held beyond --max-num-seqs (--queue)
+        self.places = asyncio.Semaphore(program.max_num_seqs) if program.queue else None
         self.conversations: set[str] = set()
         self.created = int(time.time())
         self.cached_texts: list[str] = []  # each finished request's messages and answer, as JSON
@@ -486,6 +509,25 @@ class FakeState:
         for position in range(accepted):
             c.per_position[position] += 1
 
+    @contextlib.asynccontextmanager
+    async def place(self):
+        """One of --max-num-seqs places while a request decodes (--queue); a request beyond
+        them waits here, counted as vllm:num_requests_waiting. Yields when it got its place
+        after waiting (loop time), else None."""
+        if self.places is None:
+            yield None
+            return
+        full = self.places.locked()
+        self.waiting += 1
+        try:
+            await self.places.acquire()
+        finally:
+            self.waiting -= 1
+        try:
+            yield asyncio.get_running_loop().time() if full else None
+        finally:
+            self.places.release()
+
     def finish(self) -> None:
         self.in_flight -= 1
         self.finished += 1
@@ -505,6 +547,9 @@ class FakeState:
             "# HELP vllm:num_requests_running Number of requests in model execution batches.",
             "# TYPE vllm:num_requests_running gauge",
             f"vllm:num_requests_running{{{labels}}} {float(self.in_flight)}",
+            "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
+            "# TYPE vllm:num_requests_waiting gauge",
+            f"vllm:num_requests_waiting{{{labels}}} {float(self.waiting)}",
         ]
         if p.spec_metrics:
             for name, value in (("vllm:spec_decode_num_drafts", c.drafts),
@@ -743,6 +788,14 @@ class ChatHandler:
             return await answer_request(state, body, t0, writer, program.answers)
         if integrity_conversation(messages):
             return await answer_request(state, body, t0, writer, program.integrity)
+        async with state.place() as placed_at:
+            # a request held waiting starts its clock when it gets its place
+            return await self._run(body, messages, fault, writer, number,
+                                   t0 if placed_at is None else placed_at)
+
+    async def _run(self, body, messages, fault, writer, number, t0) -> bool:
+        """Decode one chat request in token mode from T0 on."""
+        state, program = self.state, self.state.program
         max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
         prompt_tokens, cached = state.prefix_lookup(messages)
         if program.request_log and program.prefix_block > 0:
@@ -1350,6 +1403,10 @@ class FakeServer:
                 "id": name, "object": "model", "created": self.state.created,
                 "owned_by": "vllm", "root": program.model, "parent": None,
                 "max_model_len": program.max_model_len} for name in program.served_names]}))
+        elif method == "GET" and path == "/server_info" and program.dev_mode:
+            # vLLM 0.30.0's dev endpoint (?config_format=json): the config's fields that matter here
+            writer.write(_json_response(200, {"vllm_config": {"scheduler_config": {
+                "max_num_seqs": program.max_num_seqs or None}}, "vllm_env": {}, "system_env": {}}))
         elif method == "GET" and path == "/metrics":
             writer.write(_response(200, self.state.metrics_text().encode(),
                                    "text/plain; version=0.0.4; charset=utf-8"))

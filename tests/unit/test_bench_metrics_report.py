@@ -88,6 +88,15 @@ def test_compare_marks_changes_inside_the_spread_as_noise():
     assert "noise" in rows["TTFT s"]
 
 
+def test_compare_judges_no_cell_the_bench_invalidated():
+    """A cell the server queued holds a c=2 figure under c=4: no better or worse from it."""
+    a = _doc([_cell("prose", 4, (28.0, 27.5, 28.5), (56.0, 55.0, 57.0))])
+    b = _doc([dict(_cell("prose", 4, (40.0, 39.5, 40.5), (80.0, 79.0, 81.0)), invalid=True)])
+    rows = [line for line in report.compare(a, b).splitlines()[2:] if "tok/s" in line]
+    assert len(rows) == 2 and all(row.rstrip(" |").endswith("not comparable (invalid in B)")
+                                  for row in rows)
+
+
 def test_compare_cli_reads_files_and_refuses_others(tmp_path, capsys):
     a, b, bad = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "bad.json"
     a.write_text(json.dumps(_doc([_cell("structured", 2, (40, 39, 41), (80, 78, 82))])))

@@ -32,7 +32,11 @@ def test_bench_txt_pins_every_package_the_bench_checks_for():
 
 def test_the_test_environment_installs_the_bench_file():
     assert "-r bench.txt" in (REPO / "requirements" / "test.txt").read_text().splitlines()
-    assert requires.INSTALL == "python3 -m pip install -r requirements/bench.txt"
+    assert requires.INSTALL == ("python3 -m venv .venv && .venv/bin/pip install -r "
+                                "requirements/bench.txt")
+    # scripts/compare names the same install and runs the bench on that venv's python
+    assert boot.BENCH_INSTALL == requires.INSTALL
+    assert boot.BENCH_VENV_PYTHON == REPO / requires.VENV_PYTHON
 
 
 @pytest.mark.parametrize("tool, modules", [
@@ -47,5 +51,6 @@ def test_a_bench_tool_without_its_packages_is_refused_in_one_line(tmp_path, tool
                             check=False)
     assert (result.returncode, result.stdout) == (requires.EXIT_MISSING, "")
     assert result.stderr == (f"bench/{tool}: needs {', '.join(modules)}, which {sys.executable} "
-                             "lacks; install the bench's packages: python3 -m pip install -r "
-                             "requirements/bench.txt\n")
+                             "lacks; install the bench's packages in a venv, python3 -m venv "
+                             ".venv && .venv/bin/pip install -r requirements/bench.txt, and run "
+                             f".venv/bin/python bench/{tool}\n")

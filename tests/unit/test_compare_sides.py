@@ -150,6 +150,27 @@ def test_option_refusals(environ, capsys, argv, line):
     assert (code, out, err) == (2, "", line + "\n")
 
 
+def test_a_bench_concurrency_beyond_a_sides_max_num_seqs_is_refused_before_any_boot(
+        environ, capsys):
+    """Not booted, then refused by the bench (or, before, measured as the server's queue)."""
+    code, out, err = run_main(capsys, "--reference", "", "--candidate", "MAX_NUM_SEQS=4",
+                              "--concurrency", "1,2,4")
+    assert (code, out, err) == (2, "", "refused: scripts/compare --concurrency 1,2,4: beyond the "
+                                "reference's MAX_NUM_SEQS 2, those streams would wait in its "
+                                "queue; accepted: concurrencies up to 2, or MAX_NUM_SEQS=N in "
+                                "the --reference words\n")
+
+
+def test_the_bench_is_told_each_sides_max_num_seqs(environ, monkeypatch, capsys):
+    monkeypatch.setenv("DRY_RUN", "1")
+    code, out, err = run_main(capsys, "--reference", "MAX_NUM_SEQS=4", "--candidate",
+                              "MAX_NUM_SEQS=4 NUM_SPECULATIVE_TOKENS=5", "--concurrency", "1,4")
+    assert code == 0, err
+    benches = [line for line in out.splitlines() if "bench/bench_decode.py" in line]
+    assert len(benches) == 3 and all(" --concurrency 1,4 " in line and " --max-num-seqs 4" in line
+                                     for line in benches), benches
+
+
 def test_a_report_directory_that_holds_anything_is_refused(environ, tmp_path, capsys):
     out_dir = tmp_path / "mine"
     out_dir.mkdir()

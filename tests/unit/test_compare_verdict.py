@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from bench import prompts
 from launcher.compare import boot as boots
 from launcher.compare import report, results
 from launcher.compare.rundir import BOOTS, Options, RunDir, read_json
@@ -188,6 +189,30 @@ def test_failed_streams_fail_the_candidate_but_are_a_note_on_a_reference(tmp_pat
     assert verdict.failures == ["the bench (2 failed stream(s) at code c=2)"]
 
 
+@pytest.mark.parametrize("boot", ["candidate", "reference-a"])
+def test_a_cell_the_bench_invalidated_fails_the_candidate_but_is_a_note_on_a_reference(
+        tmp_path, boot):
+    """A wave the server queued (or a restart) voids the bench's cell: its figures are not
+    the speed of c streams, and the verdict says so instead of judging by them."""
+    run_dir = saved_run(tmp_path)
+    path = run_dir.boot_dir(boot) / "bench.json"
+    doc = json.loads(path.read_text())
+    why = ("run 1: /metrics showed 2 request(s) waiting after the wave's first token, so the "
+           "server ran fewer than 2 streams at once")
+    doc["cells"][1].update(invalid=True, invalid_reason=why)  # prose c=2
+    path.write_text(json.dumps(doc))
+    verdict = verdict_of(run_dir)
+    shown = f"prose c=2 invalid: {why}"
+    if boot == "candidate":
+        assert verdict.exit == 1 and verdict.failures == [f"the bench ({shown})"]
+    else:
+        assert verdict.exit == 0 and verdict.notes == [f"reference-a's bench: {shown}"]
+    summary = results.summarize(run_dir.path, run_dir.plan)
+    (row,) = [line for line in report.speed_table(summary, run_dir.plan["options"])
+              if line.startswith("| prose | 2 |")]
+    assert row.count(" invalid") == 1
+
+
 @pytest.mark.parametrize("differing, judged", [([], True), (["NUM_SPECULATIVE_TOKENS"], True),
                                                (["SPEC", "ADAPTIVE_VERIFY"], True),
                                                (["MODEL"], False),
@@ -325,6 +350,12 @@ def test_a_bench_missing_on_any_boot_voids_the_comparison(tmp_path, boot):
 @pytest.mark.parametrize("file, doc, why", [
     ("bench.json", {"schema": "bench_decode/1", "cells": [], "finished_at": None},
      "bench.json: the bench did not finish (no finished_at)"),
+    # a cell, but none of those asked: it passed as "speed not measured" (issue 48)
+    ("bench.json", {"finished_at": "x", "cells": [{"phase": "x", "concurrency": 9}]},
+     "bench.json: no cell for prose c=1, prose c=2, structured c=1, structured c=2, code c=1, "
+     "code c=2"),
+    ("bench.json", {**bench(30.0), "cells": bench(30.0)["cells"][:-1]},
+     "bench.json: no cell for code c=2"),
     ("solo-vs-concurrent.json", {"receipt": "solo-vs-concurrent"},
      "solo-vs-concurrent.json: no passed verdict"),
     ("gate.json", {"kind": "quality-aa"}, "gate.json: kind 'quality-aa', not 'quality-gate'"),
@@ -334,6 +365,10 @@ def test_a_file_that_is_not_the_tools_result_voids_the_comparison(tmp_path, file
     (run_dir.boot_dir("candidate") / file).write_text(json.dumps(doc))
     verdict = verdict_of(run_dir)
     assert verdict.exit == 2 and verdict.line.endswith(f"left no result ({why})"), verdict.line
+
+
+def test_the_bench_phases_owed_are_the_ones_the_bench_runs():
+    assert boots.BENCH_PHASES == prompts.PHASES
 
 
 def test_an_exit_that_disagrees_with_the_result_file_voids_the_comparison(tmp_path):
