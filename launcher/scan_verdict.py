@@ -83,11 +83,11 @@ def judge(report: object, image: str, recipe: Recipe, chain_image: str) -> Verdi
                        "equal")
     layer = chain_layer_number(recipe, image)
     if layer is not None and layer >= from_layer:
-        return Verdict(f"{summary}; {image} corrects them (layer v{from_layer} and later fold "
-                       "each half's global scale into its block scales)", "", "")
+        return Verdict(f"{summary}; {image} corrects them (layer v{from_layer} and later apply "
+                       "each half's and shard's own global scale)", "", "")
     what = (f"is chain layer v{layer}, before v{from_layer}" if layer is not None
             else f"is not a chain image from layer v{from_layer} on")
     return Verdict(f"{summary}; {image} does not correct them", f"{differ}, and IMAGE={image} "
-                   f"{what}, whose fold corrects them: it would serve each such expert's up half "
-                   "off by its ratio (corrupt multibyte text, broken tool calls)",
+                   f"{what}, which corrects them: it would serve each such half or shard off by its "
+                   "ratio (corrupt multibyte text, broken tool calls)",
                    f"IMAGE={chain_image}")

@@ -53,12 +53,13 @@ from recipekit.fused_groups import KINDS, FusedKind, built_kinds, kind_of
 CONFIG = "config.json"
 HF_QUANT_CONFIG = "hf_quant_config.json"
 SHARD_INDEX = "model.safetensors.index.json"
-# The image layer whose MoE scale fold (its v8_moe_scales patcher) corrects ModelOpt NVFP4
-# experts: every chain image from it on carries the fold.
+# The image layer whose patchers correct ModelOpt NVFP4's fused groups (v8_moe_scales: the
+# experts' up half; v8_linear_scales: a merged linear's shards): every chain image from it on.
 FIX_LAYER = 8
 # (format kind, fused kind key) -> the chain layer from which images correct unequal global
 # scales in such groups; a pair not here is corrected by no image of this recipe.
-FIXED_FROM_LAYER = {("modelopt", "experts"): FIX_LAYER}
+FIXED_FROM_LAYER = {("modelopt", key): FIX_LAYER for key in (
+    "experts", "shared_gate_up", "dense_gate_up", "mla_qkv_a", "indexer_wk", "kda_in_proj")}
 # ModelOpt's NVFP4 quant_algo values (vLLM 0.30.0 modelopt.py, LINEAR_ALGOS).
 MODELOPT_NVFP4_ALGOS = ("NVFP4", "W4A16_NVFP4")
 # The global scale each format stores per projection, and whether it is the reciprocal of
@@ -614,14 +615,20 @@ def fix_for(fmt: QuantFormat, fused: list[KindScales]) -> Fix:
     says = []
     if experts and experts.fixed_from_layer is not None:
         says.append(f"corrected on this recipe's chain images from layer "
-                    f"v{experts.fixed_from_layer} on (its fold of each half's global scale into "
-                    "the block scales of ModelOpt's NVFP4 fused MoE); any other image decodes "
-                    "the up half off by up/gate")
+                    f"v{experts.fixed_from_layer} on (ModelOpt's NVFP4 fused MoE: each up output "
+                    "row times its expert's up/gate on Marlin, the ratio folded into the block "
+                    "scales elsewhere); any other image decodes the up half off by up/gate")
     elif experts:
         says.append("not corrected by any image of this recipe: vLLM's compressed-tensors NVFP4 "
                     "MoE keeps the gate's global scale for both halves, and layer "
                     f"v{FIX_LAYER}'s fold covers ModelOpt's path only")
-    if linears:
+    fixed_linears = [kind for kind in linears if kind.fixed_from_layer is not None]
+    if linears and len(fixed_linears) == len(linears):
+        says.append(f"corrected on this recipe's chain images from layer "
+                    f"v{max(kind.fixed_from_layer for kind in linears)} on (each shard's output "
+                    "columns times its own global over the one vLLM keeps); any other image "
+                    "serves each other shard off by kept/own")
+    elif linears:
         says.append(f"not corrected by any image of this recipe: vLLM's NVFP4 linear keeps the "
                     f"{linears[0].keeps} decode scale of a merged layer's shards and leaves "
                     "their block scales, so each other shard is served off by kept/own")

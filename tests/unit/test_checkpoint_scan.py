@@ -45,7 +45,7 @@ precision by module group:
   BF16   model.norm                                   1 module
 routed experts: gate/up weight_scale_2 differ in 3 of 8 routed experts, largest ratio 4 at model.layers.2.mlp.experts.0 (decode scale up/gate 0.25)
 merged linears: none in NVFP4
-fix: corrected on this recipe's chain images from layer v8 on (its fold of each half's global scale into the block scales of ModelOpt's NVFP4 fused MoE); any other image decodes the up half off by up/gate
+fix: corrected on this recipe's chain images from layer v8 on (ModelOpt's NVFP4 fused MoE: each up output row times its expert's up/gate on Marlin, the ratio folded into the block scales elsewhere); any other image decodes the up half off by up/gate
 """
 
 NVIDIA_LIKE = """\
@@ -149,7 +149,7 @@ merged linears (weight_scale_2 per shard; vLLM keeps the largest decode scale fo
   MLA fused_qkv_a         1 group, all equal
   indexer wk_weights      1 group, all equal
   KDA in_proj_qkvbfg_a    2 groups, 1 unequal, largest ratio 4 at model.layers.1.self_attn (vLLM decodes v_proj x4)
-fix: not corrected by any image of this recipe: vLLM's NVFP4 linear keeps the largest decode scale of a merged layer's shards and leaves their block scales, so each other shard is served off by kept/own
+fix: corrected on this recipe's chain images from layer v8 on (each shard's output columns times its own global over the one vLLM keeps); any other image serves each other shard off by kept/own
 """
 
 EXPECTED = {"modelopt-unequal": MODELOPT_UNEQUAL, "nvidia-like": NVIDIA_LIKE,
@@ -281,8 +281,8 @@ def test_the_fix_each_checkpoint_needs(checkpoints):
     assert (fixes["nvidia-like"].needed, fixes["nvidia-like"].from_layer) == (False, None)
     assert (fixes["compressed-tensors"].needed,
             fixes["compressed-tensors"].from_layer) == (True, None)
-    # no image of this recipe corrects a merged linear, whatever corrects the experts
-    assert (fixes["modelopt-merged"].needed, fixes["modelopt-merged"].from_layer) == (True, None)
+    # layer v8 corrects ModelOpt's merged linears (v8_linear_scales) as it does the experts
+    assert (fixes["modelopt-merged"].needed, fixes["modelopt-merged"].from_layer) == (True, 8)
 
 
 def test_layer_ranges():

@@ -62,8 +62,8 @@ def test_a_modelopt_checkpoint_on_the_chain_image_boots_with_its_summary(tmp_pat
     line = (f"glm53: checkpoint {model}: ModelOpt NVFP4 (modelopt 0.45.0); modules 24 NVFP4, "
             "20 BF16; gate/up weight_scale_2 differ in 3 of 8 routed experts, largest ratio 4 at "
             "model.layers.2.mlp.experts.0 (decode scale up/gate 0.25); no NVFP4 merged linears; "
-            "glm53-sm121-v13 corrects them (layer v8 and later fold each half's global scale into "
-            "its block scales)")
+            "glm53-sm121-v13 corrects them (layer v8 and later apply each half's and shard's own "
+            "global scale)")
     assert line in result.stdout.splitlines()
     assert line.replace(str(model), "/models/glm") in DOCS
     # on the head only, in the image, offline, the directory read-only, before any rank
@@ -96,8 +96,8 @@ def test_unequal_scales_on_an_image_that_does_not_correct_them_are_refused(tmp_p
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
         f"refused: MODEL={model}: 3 of 8 routed experts' gate/up global scales differ (largest "
-        f"ratio 4), and IMAGE={STOCK} is not a chain image from layer v8 on, whose fold corrects "
-        "them: it would serve each such expert's up half off by its ratio (corrupt multibyte "
+        f"ratio 4), and IMAGE={STOCK} is not a chain image from layer v8 on, which corrects "
+        "them: it would serve each such half or shard off by its ratio (corrupt multibyte "
         "text, broken tool calls); accepted: IMAGE=glm53-sm121-v13, or CHECKPOINT_SCAN=warn to "
         "boot anyway"]
     assert f"{STOCK} does not correct them" in result.stdout
@@ -131,31 +131,39 @@ def test_compressed_tensors_mismatches_are_refused_on_every_image(tmp_path, chec
     assert started(state) == []
 
 
-def test_unequal_merged_linears_are_refused_on_every_image(tmp_path, checkpoints):
-    """Routed experts equal, three merged linears not: no image of this recipe corrects a
-    merged linear, the chain image included."""
-    state = cluster(tmp_path)
+def test_unequal_merged_linears_boot_on_the_chain_image_and_are_refused_on_another(
+        tmp_path, checkpoints):
+    """Routed experts equal, three merged linears not: layer v8's v8_linear_scales corrects
+    them, so the chain image boots it and a stock image is refused."""
     model = checkpoints["modelopt-merged"]
-    result = serve_local(tmp_path, state, model)
+    merged = ("1 of 2 shared experts gate_up groups' global scales differ (largest ratio 2), and "
+              "1 of 1 dense MLP gate_up groups' global scales differ (largest ratio 2), and 1 of "
+              "2 KDA in_proj_qkvbfg_a groups' global scales differ (largest ratio 4)")
+    (tmp_path / "stock").mkdir()
+    (tmp_path / "chain").mkdir()
+    state = cluster(tmp_path / "stock", images=(STOCK,))
+    result = serve_local(tmp_path / "stock", state, model, IMAGE=STOCK, FORCE_STOCK_IMAGE=1)
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
-        f"refused: MODEL={model}: 1 of 2 shared experts gate_up groups' global scales differ "
-        "(largest ratio 2), and 1 of 1 dense MLP gate_up groups' global scales differ (largest "
-        "ratio 2), and 1 of 2 KDA in_proj_qkvbfg_a groups' global scales differ (largest ratio "
-        "4): not corrected by any image of this recipe: vLLM's NVFP4 linear keeps the largest "
-        "decode scale of a merged layer's shards and leaves their block scales, so each other "
-        "shard is served off by kept/own; accepted: a checkpoint whose fused halves' global "
-        "scales are equal, or CHECKPOINT_SCAN=warn to boot anyway"]
-    summary = [line for line in result.stdout.splitlines() if "checkpoint" in line][-1]
+        f"refused: MODEL={model}: {merged}, and IMAGE={STOCK} is not a chain image from layer "
+        "v8 on, which corrects them: it would serve each such half or shard off by its ratio "
+        "(corrupt multibyte text, broken tool calls); accepted: IMAGE=glm53-sm121-v13, or "
+        "CHECKPOINT_SCAN=warn to boot anyway"]
+    state = cluster(tmp_path / "chain")
+    result = serve_local(tmp_path / "chain", state, model)
+    assert result.returncode == 0, result.stderr
+    summary = [line for line in result.stdout.splitlines()
+               if line.startswith("glm53: checkpoint ")][-1]
     assert summary == (
         f"glm53: checkpoint {model}: ModelOpt NVFP4 (modelopt 0.47.0); modules 52 NVFP4, 10 "
         "BF16; gate/up weight_scale_2 equal in all 8 routed experts; merged linears: shared "
         "experts gate_up 1 of 2 groups unequal (largest ratio 2), dense MLP gate_up 1 of 1 group "
         "unequal (largest ratio 2), MLA fused_qkv_a 0 of 1 group unequal, indexer wk_weights 0 "
-        "of 1 group unequal, KDA in_proj_qkvbfg_a 1 of 2 groups unequal (largest ratio 4); no "
-        "image of this recipe corrects them")
+        "of 1 group unequal, KDA in_proj_qkvbfg_a 1 of 2 groups unequal (largest ratio 4); "
+        "glm53-sm121-v13 corrects them (layer v8 and later apply each half's and shard's own "
+        "global scale)")
     assert summary.replace(str(model), "/models/glm") in DOCS
-    assert started(state) == []
+    assert len(started(state)) == 2  # both ranks
 
 
 def test_a_checkpoint_the_scan_refuses_is_refused_in_one_line(tmp_path):
