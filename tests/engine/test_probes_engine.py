@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.probes import MULTIBYTE_RUNS, PROBE_NAMES, longest_run
+from bench.probes import PROBE_NAMES
+from bench.probing.multibyte import MULTIBYTE_RUNS
+from bench.probing.serving import longest_run
 from recipekit.text_integrity import FIELD_MAX_TOKENS, FIELD_PROMPT
 from tests.engine import multibyte_models
 from tests.engine.conftest import TINY_CONTEXT
@@ -105,7 +107,7 @@ def multibyte(server_multibyte_clean, server_multibyte_corrupt, tmp_path_factory
 
 
 def expected_excerpt(language: str, corrupt: bool) -> str:
-    from bench.probes import excerpt
+    from bench.probing.verdict import excerpt
 
     return excerpt(multibyte_models.expected_answer(language, FIELD_MAX_TOKENS, corrupt))
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from bench import probes
+from bench.probing import client, multibyte, serving, tool_cycles, tools, verdict
 from tests.fakes import fake_vllm
 from tests.timing import HANG_GUARD_S
 
@@ -97,12 +98,12 @@ def test_every_request_is_greedy_with_thinking_off(obedient):
 
 def test_second_turn_returns_the_servers_tool_call_and_its_result(obedient):
     _, _, requests = obedient
-    second = [r for r in requests if r.get("tools") == [probes.WEATHER_TOOL]][-1]["messages"]
+    second = [r for r in requests if r.get("tools") == [tools.WEATHER_TOOL]][-1]["messages"]
     assert [m["role"] for m in second] == ["user", "assistant", "tool"]
     call = second[1]["tool_calls"][0]
     assert call["function"] == {"name": "get_weather", "arguments": '{"location": "Paris"}'}
     assert second[2]["tool_call_id"] == call["id"]
-    assert json.loads(second[2]["content"]) == probes.WEATHER_RESULT
+    assert json.loads(second[2]["content"]) == tools.WEATHER_RESULT
 
 
 def test_needle_salt_and_passcode_differ_run_to_run(tmp_path):
@@ -243,7 +244,7 @@ def test_multibyte_reports_each_run_and_sends_the_fields_prompt_three_times(obed
     _, doc, requests = obedient
     details = doc["probes"]["multibyte"]["details"]
     runs = details["runs"]
-    assert [run["name"] for run in runs] == [name for name, _, _, count in probes.MULTIBYTE_RUNS
+    assert [run["name"] for run in runs] == [name for name, _, _, count in multibyte.MULTIBYTE_RUNS
                                              for _ in range(count)]
     assert [run["run"] for run in runs] == list(range(1, 12))
     for run in runs:
@@ -280,7 +281,7 @@ def test_tool_cycles_stream_pinned_non_ascii_calls_and_send_the_results_back(obe
             details["round_trips"]) == (4, 4, 4, 4)
     assert [c["name"] for c in details["cycles"]] == ["ko-weather", "ko-note", "ja-weather",
                                                       "ja-note"]
-    cycles = [r for r in requests if r.get("tools") == probes.CYCLE_TOOLS]
+    cycles = [r for r in requests if r.get("tools") == tool_cycles.CYCLE_TOOLS]
     assert len(cycles) == 8 and all(r["stream"] for r in cycles)
     # the Korean conversation's last turn: both cycles, each call answered by its result
     last = [r for r in cycles if "서울" in r["messages"][0]["content"]][-1]["messages"]
@@ -318,7 +319,7 @@ def test_only_runs_the_chosen_probes_in_their_order(tmp_path):
     assert code == 0 and list(doc["probes"]) == ["counting", "thinking_off"]
     assert doc["settings"]["only"] == ["thinking_off", "counting"]
     assert [b["messages"][0]["content"] for b in _requests(log)] == [
-        probes.COUNT_QUESTION, probes.THINKING_QUESTION]
+        serving.COUNT_QUESTION, serving.THINKING_QUESTION]
 
 
 def test_unknown_probe_name_is_refused(capsys):
@@ -412,10 +413,10 @@ def test_prompt_too_short_for_the_needle_is_refused(capsys):
 
 
 def test_longest_run_finds_the_longest_stretch_anywhere():
-    assert probes.longest_run([]) == (0, None, None)
-    assert probes.longest_run([5]) == (1, 5, 5)
-    assert probes.longest_run([1, 2, 3, 9, 10, 11, 12, 2, 3]) == (4, 9, 12)
-    assert probes.longest_run([1, 2, 2, 3, 4]) == (3, 2, 4)
+    assert serving.longest_run([]) == (0, None, None)
+    assert serving.longest_run([5]) == (1, 5, 5)
+    assert serving.longest_run([1, 2, 3, 9, 10, 11, 12, 2, 3]) == (4, 9, 12)
+    assert serving.longest_run([1, 2, 2, 3, 4]) == (3, 2, 4)
 
 
 @pytest.mark.parametrize("message,shape,calls", [
@@ -425,24 +426,24 @@ def test_longest_run_finds_the_longest_stretch_anywhere():
     ({"content": None, "tool_calls": [{"id": "a"}]}, "list", [{"id": "a"}]),
 ])
 def test_parse_answer_reads_every_tool_calls_shape(message, shape, calls):
-    answer = probes.parse_answer({"choices": [{"message": message, "finish_reason": "stop"}]})
+    answer = client.parse_answer({"choices": [{"message": message, "finish_reason": "stop"}]})
     assert (answer.tool_calls_shape, answer.tool_calls) == (shape, calls)
     assert answer.content == (message["content"] or "")
 
 
 def test_parse_answer_without_a_message_is_a_probe_error():
-    with pytest.raises(probes.ProbeError, match=r"HTTP 200 without choices\[0\]\.message"):
-        probes.parse_answer({"object": "error", "message": "x"})
+    with pytest.raises(verdict.ProbeError, match=r"HTTP 200 without choices\[0\]\.message"):
+        client.parse_answer({"object": "error", "message": "x"})
 
 
 def test_needle_sizing_without_usage_falls_back_to_four_characters_a_token(monkeypatch):
     async def no_usage(target, text):
         return None
 
-    monkeypatch.setattr(probes, "_prompt_tokens_of", no_usage)
-    target = probes.Target(None, "http://unused", "m", 4096)
-    notes, sizing = asyncio.run(probes.size_needle_prompt(target))
-    prompt = probes.needle_prompt("s" * 20, "XXXX-XXXX", notes)
+    monkeypatch.setattr(serving, "_prompt_tokens_of", no_usage)
+    target = client.Target(None, "http://unused", "m", 4096)
+    notes, sizing = asyncio.run(serving.size_needle_prompt(target))
+    prompt = serving.needle_prompt("s" * 20, "XXXX-XXXX", notes)
     assert sizing["calibration"] == "estimated_4_chars"
     assert abs(len(prompt.text) / 4 / 4096 - 1) < 0.01
 
