@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from bench.probing.client import Answer, Target, complete, probe_request
-from bench.probing.verdict import ProbeError, ProbeResult, excerpt
+from bench.probing.verdict import ProbeError, ProbeResult, excerpt, status_of
 from recipekit import text_integrity as integrity
 
 # (name, language, prompt, runs). The field's prompt runs three times, as the field ran it;
@@ -37,7 +37,8 @@ MULTIBYTE_MAX_TOKENS = integrity.FIELD_MAX_TOKENS   # the field's, for every run
 
 async def _multibyte_answer(target: Target, prompt: str) -> tuple[Answer, str | None]:
     """One greedy answer with its token bytes; (answer, note). A server that refuses logprobs
-    (HTTP 400) is asked again without them, and the note says the bytes went unchecked."""
+    (HTTP 400) is asked again without them, so that what the text shows is still judged; the
+    note says the bytes went unchecked (the run is then at best inconclusive)."""
     messages = [{"role": "user", "content": prompt}]
     try:
         return await complete(target.session, target.url, probe_request(
@@ -84,23 +85,31 @@ async def probe_multibyte(target: Target) -> ProbeResult:
         run["run"] = index + 1
     verdicts = [run["verdict"] for run in runs]
     faults = [run for run in runs if run["verdict"] == "fault"]
+    # the answered runs whose token bytes did not come: their byte check did not run
+    unchecked = [run["run"] for run in runs if run.get("byte_check") == "not run"]
     details = {"runs": runs, "max_tokens": MULTIBYTE_MAX_TOKENS,
                "min_chars": integrity.MIN_ANSWER_CHARS,
                "min_script_share": integrity.MIN_SCRIPT_SHARE,
                "replacement": [run.get("answer_faults", {}).get("replacement") for run in runs],
                "clean": verdicts.count("clean"), "fault": len(faults),
-               "inconclusive": verdicts.count("inconclusive")}
+               "inconclusive": verdicts.count("inconclusive"), "byte_check_not_run": unchecked}
     tally = (f"{verdicts.count('clean')} clean, {len(faults)} faulty, "
              f"{verdicts.count('inconclusive')} inconclusive of {len(runs)} runs")
-    if faults:
+    if unchecked:
+        tally += (f"; token byte check not run on run(s) {', '.join(map(str, unchecked))} "
+                  f"(no token bytes given)")
+    status = status_of(faulty=bool(faults), unjudged="inconclusive" in verdicts)
+    if status == "fail":
         by_run = ", ".join("-" if run.get("answer_faults") is None else
                            str(run["answer_faults"]["replacement"]) for run in runs)
-        return ProbeResult("multibyte", "fail", f"{tally}; U+FFFD in the answer by run: "
+        return ProbeResult("multibyte", status, f"{tally}; U+FFFD in the answer by run: "
                                                 f"{by_run}; first: run {faults[0]['run']} "
                                                 f"{multibyte_line(faults[0])}", details=details)
-    if "inconclusive" in verdicts:
+    if status == "inconclusive":
         unclear = [run for run in runs if run["verdict"] == "inconclusive"]
-        return ProbeResult("multibyte", "inconclusive", f"{tally}; " + "; ".join(
+        return ProbeResult("multibyte", status, f"{tally}; " + "; ".join(
             multibyte_line(run) for run in unclear[:3]), details=details)
-    return ProbeResult("multibyte", "pass", f"{tally}: no U+FFFD, lone surrogate, control "
-                                            f"character or invalid token byte", details=details)
+    return ProbeResult("multibyte", status, f"{tally}: no U+FFFD, lone surrogate, control "
+                                            f"character, mojibake, repeating tail or invalid "
+                                            f"token byte, every run's token bytes checked",
+                       details=details)

@@ -1,10 +1,14 @@
 """The tool_cycles probe: streamed multi-turn tool calls with Korean, Japanese and emoji
-arguments; the call's JSON parses, its arguments round-trip, no tool markup in any text, no
-repeating tail (docs/probes.md)."""
+arguments; the call's JSON parses, its arguments round-trip, every text of the cycle (the
+content beside a call, the answer after the result, the reasoning, the arguments) is whole,
+none holds tool markup or ends repeating, and the answer uses the tool's result
+(docs/probes.md)."""
 
 from __future__ import annotations
 
 import json
+import re
+import unicodedata
 from dataclasses import dataclass
 
 from bench.probing.client import Target
@@ -29,42 +33,59 @@ CYCLE_TOOLS = [
 @dataclass(frozen=True)
 class Cycle:
     """One user turn that must come back as a call of `tool` with exactly `arguments`, then
-    an answer once `result` is sent back."""
+    an answer, once `result` is sent back, that quotes the result's `uses` value."""
 
     name: str
     ask: str
     tool: str
     arguments: dict
     result: dict
+    uses: str                          # the key of result whose value the answer must quote
+
+    @property
+    def expected(self) -> str:
+        return str(self.result[self.uses])
 
 
 def _pinned(text: str, tool: str, arguments: dict) -> str:
     return text.format(tool=tool, arguments=json.dumps(arguments, ensure_ascii=False))
 
 
-# two conversations of two cycles each: a city, then a note with emoji, in Korean and Japanese
+def quotes(answer: str, value: str) -> bool:
+    """Whether ANSWER holds VALUE, a number, whole: not inside a longer number, full-width
+    digits read as digits (NFKC), so a Korean "21도" and a Japanese "２１度" both quote 21."""
+    text = unicodedata.normalize("NFKC", answer)
+    return re.search(rf"(?<!\d){re.escape(value)}(?!\d)", text) is not None
+
+
+# two conversations of two cycles each: a city's temperature, then a note with emoji whose
+# number the tool gives, in Korean and Japanese. The answer must quote the number the tool
+# returned: a number no model can know before the result and every language writes in digits
+# ("OK." or an answer that ignores the tool does not hold it).
 CONVERSATIONS = (
     ("ko", (
-        Cycle("ko-weather", _pinned("서울 날씨를 알려 주세요. {tool} 도구를 다음 인자 그대로 호출하세요: "
-                                    "{arguments}", "get_weather", {"city": "서울특별시"}),
+        Cycle("ko-weather", _pinned("서울의 지금 기온을 알려 주세요. {tool} 도구를 다음 인자 그대로 "
+                                    "호출하세요: {arguments}", "get_weather",
+                                    {"city": "서울특별시"}),
               "get_weather", {"city": "서울특별시"},
-              {"city": "서울특별시", "temperature_c": 21, "condition": "맑음 ☀️"}),
+              {"city": "서울특별시", "temperature_c": 21, "condition": "맑음 ☀️"}, "temperature_c"),
         Cycle("ko-note", _pinned("고마워요. 이제 {tool} 도구를 다음 인자 그대로 호출해 메모를 "
-                                 "저장하세요: {arguments}", "save_note",
+                                 "저장하고, 저장된 메모 번호를 알려 주세요: {arguments}", "save_note",
                                  {"title": "서울 날씨 메모 🌤️", "body": "우산은 두고 가도 돼요 😊"}),
               "save_note", {"title": "서울 날씨 메모 🌤️", "body": "우산은 두고 가도 돼요 😊"},
-              {"saved": True, "id": "메모-1"}),
+              {"saved": True, "note_id": 4821}, "note_id"),
     )),
     ("ja", (
-        Cycle("ja-weather", _pinned("京都の天気を教えてください。{tool} ツールを次の引数のまま呼んで"
-                                    "ください: {arguments}", "get_weather", {"city": "京都市"}),
+        Cycle("ja-weather", _pinned("京都の今の気温を教えてください。{tool} ツールを次の引数のまま"
+                                    "呼んでください: {arguments}", "get_weather",
+                                    {"city": "京都市"}),
               "get_weather", {"city": "京都市"},
-              {"city": "京都市", "temperature_c": 17, "condition": "小雨 🌧️"}),
-        Cycle("ja-note", _pinned("ありがとう。次に {tool} ツールを次の引数のまま呼んでメモを保存して"
-                                 "ください: {arguments}", "save_note",
+              {"city": "京都市", "temperature_c": 17, "condition": "小雨 🌧️"}, "temperature_c"),
+        Cycle("ja-note", _pinned("ありがとう。次に {tool} ツールを次の引数のまま呼んでメモを保存し、"
+                                 "保存したメモの番号を教えてください: {arguments}", "save_note",
                                  {"title": "京都の天気 🌸", "body": "傘を持っていくこと ☂️"}),
               "save_note", {"title": "京都の天気 🌸", "body": "傘を持っていくこと ☂️"},
-              {"saved": True, "id": "メモ-2"}),
+              {"saved": True, "note_id": 7356}, "note_id"),
     )),
 )
 CYCLE_MAX_TOKENS = 384
@@ -83,6 +104,7 @@ class Turn:
     problems: list[str]
     leaks: int = 0                     # texts holding tool markup
     repeats: int = 0                   # texts ending in a repeating tail
+    faulty: int = 0                    # texts with a fault (U+FFFD, surrogate, control, mojibake)
 
 
 async def _cycle_turn(target: Target, messages: list[dict], label: str) -> Turn:
@@ -107,8 +129,13 @@ async def _cycle_turn(target: Target, messages: list[dict], label: str) -> Turn:
                                 f"{excerpt(function['arguments'])!r}")
         calls.append(entry)
     turn = Turn(reply.content, calls, reply.record.finish_reason, problems)
+    # every text of the turn: the content (beside a call, or the answer), the reasoning, and
+    # each call's arguments as streamed
     for where, text in (("content", reply.content), ("reasoning", reply.reasoning),
                         *(("arguments", c["arguments"]) for c in calls)):
+        if (faults := integrity.text_faults(text)).total:
+            turn.faulty += 1
+            problems.append(f"{label}: {faults.phrase(where)}: {excerpt(text)!r}")
         if tags := integrity.leaked_markup(text):
             turn.leaks += 1
             problems.append(f"{label}: tool markup {' '.join(tags)} in the {where}: "
@@ -137,13 +164,15 @@ async def _run_cycle(target: Target, messages: list[dict], cycle: Cycle) -> dict
     """The call turn and the turns after its result; appends them to messages."""
     messages.append({"role": "user", "content": cycle.ask})
     record: dict = {"name": cycle.name, "tool": cycle.tool, "asked": cycle.arguments,
-                    "calls": [], "round_trip": False, "answer": None, "problems": [],
-                    "markup_leaks": 0, "repeating_tails": 0}
+                    "calls": [], "round_trip": False, "answer": None, "expects": cycle.expected,
+                    "used_result": False, "problems": [], "markup_leaks": 0,
+                    "repeating_tails": 0, "text_faults": 0}
 
     def judged(turn: Turn) -> Turn:
         record["problems"] += turn.problems
         record["markup_leaks"] += turn.leaks
         record["repeating_tails"] += turn.repeats
+        record["text_faults"] += turn.faulty
         return turn
 
     turn = judged(await _cycle_turn(target, messages, f"{cycle.name} call"))
@@ -170,9 +199,14 @@ async def _run_cycle(target: Target, messages: list[dict], cycle: Cycle) -> dict
         turn = judged(await _cycle_turn(target, messages, f"{cycle.name} answer {extra + 1}"))
         if not turn.calls:
             record["answer"] = excerpt(turn.content)
+            record["used_result"] = quotes(turn.content, cycle.expected)
             if not turn.content.strip():
                 record["problems"].append(f"{cycle.name}: empty answer after the tool result "
                                           f"(finish_reason {turn.finish_reason})")
+            elif not record["used_result"]:
+                record["problems"].append(
+                    f"{cycle.name}: the answer does not use the tool result (no {cycle.expected}, "
+                    f"its {cycle.uses}): {excerpt(turn.content)!r}")
             messages.append({"role": "assistant", "content": turn.content})
             return record
         record["calls"] += turn.calls
@@ -201,10 +235,13 @@ async def probe_tool_cycles(target: Target) -> ProbeResult:
                "calls": len(calls), "calls_parsed": parsed,
                "round_trips": sum(record["round_trip"] for record in cycles),
                "markup_leaks": sum(record["markup_leaks"] for record in cycles),
-               "repeating_tails": sum(record["repeating_tails"] for record in cycles)}
+               "repeating_tails": sum(record["repeating_tails"] for record in cycles),
+               "text_faults": sum(record["text_faults"] for record in cycles),
+               "results_used": sum(record["used_result"] for record in cycles)}
     tally = (f"{clean} of {total} cycles clean; {parsed} of {len(calls)} calls' JSON parsed, "
-             f"{details['round_trips']} round-tripped, {details['markup_leaks']} markup leak(s), "
-             f"{details['repeating_tails']} repeating tail(s)")
+             f"{details['round_trips']} round-tripped, {details['text_faults']} faulty text(s), "
+             f"{details['markup_leaks']} markup leak(s), {details['repeating_tails']} repeating "
+             f"tail(s), {details['results_used']} of {total} answers used the tool result")
     if problems:
         return ProbeResult("tool_cycles", "fail", f"{tally}: " + "; ".join(problems[:3]),
                            details=details)

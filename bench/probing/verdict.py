@@ -53,6 +53,13 @@ def excerpt(text: str | None, limit: int = EXCERPT) -> str:
     return text[:limit * 2 // 3] + " ... " + text[-limit // 3:]
 
 
+def status_of(faulty: bool, unjudged: bool) -> str:
+    """A probe's status from its parts: fail when any part was judged wrong; else
+    inconclusive when any part could not be judged (a planned check that did not run among
+    them); else pass."""
+    return "fail" if faulty else "inconclusive" if unjudged else "pass"
+
+
 def result_line(name: str, result: dict) -> str:
     word = {"pass": "PASS", "inconclusive": "INCONCLUSIVE"}.get(result["status"], "FAIL")
     return f"{word} {name}: {result['summary']}"
