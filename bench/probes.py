@@ -16,12 +16,14 @@ Every request is greedy (temperature 0) with thinking off (`chat_template_kwargs
   tool_conversation  the tool result sent back in a second turn is used in the answer
   multibyte          eleven Korean, Japanese and emoji answers of 400+ characters (the
                      field's Korean prompt three times, eight others once), sent together: no
-                     U+FFFD, lone surrogate or control character in the answer or the
-                     reasoning, no invalid UTF-8 in the token bytes; a short, empty,
-                     off-language or failed answer is inconclusive, never a pass
+                     U+FFFD, lone surrogate, control character or mojibake in the answer or
+                     the reasoning, no repeating tail, no invalid UTF-8 in the token bytes; a
+                     short, empty, off-language or failed answer, or one without token bytes
+                     (the byte check not run), is inconclusive, never a pass
   tool_cycles        streamed multi-turn tool calls with Korean, Japanese and emoji
-                     arguments: the call's JSON parses, its arguments round-trip, no tool
-                     markup in the text, no repeating tail
+                     arguments: the call's JSON parses, its arguments round-trip, every text
+                     of the cycle is whole (as multibyte judges it), no tool markup, no
+                     repeating tail, and the answer quotes the number the tool returned
 
 Exit code: 0 when every probe passed; 1 when one failed or was inconclusive (each line
 names the probe and what came back); 2 when the probes could not run (bad option, server unreachable, model
