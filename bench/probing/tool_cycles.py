@@ -60,8 +60,9 @@ def quotes(answer: str, value: str) -> bool:
 
 # two conversations of two cycles each: a city's temperature, then a note with emoji whose
 # number the tool gives, in Korean and Japanese. The answer must quote the number the tool
-# returned: a number no model can know before the result and every language writes in digits
-# ("OK." or an answer that ignores the tool does not hold it).
+# returned: a number no model can know before the result, of two or three digits (written
+# in digits in every language here, and with no thousands separator in any locale); "OK." or
+# an answer that ignores the tool does not hold it.
 CONVERSATIONS = (
     ("ko", (
         Cycle("ko-weather", _pinned("서울의 지금 기온을 알려 주세요. {tool} 도구를 다음 인자 그대로 "
@@ -73,7 +74,7 @@ CONVERSATIONS = (
                                  "저장하고, 저장된 메모 번호를 알려 주세요: {arguments}", "save_note",
                                  {"title": "서울 날씨 메모 🌤️", "body": "우산은 두고 가도 돼요 😊"}),
               "save_note", {"title": "서울 날씨 메모 🌤️", "body": "우산은 두고 가도 돼요 😊"},
-              {"saved": True, "note_id": 4821}, "note_id"),
+              {"saved": True, "note_id": 482}, "note_id"),
     )),
     ("ja", (
         Cycle("ja-weather", _pinned("京都の今の気温を教えてください。{tool} ツールを次の引数のまま"
@@ -85,7 +86,7 @@ CONVERSATIONS = (
                                  "保存したメモの番号を教えてください: {arguments}", "save_note",
                                  {"title": "京都の天気 🌸", "body": "傘を持っていくこと ☂️"}),
               "save_note", {"title": "京都の天気 🌸", "body": "傘を持っていくこと ☂️"},
-              {"saved": True, "note_id": 7356}, "note_id"),
+              {"saved": True, "note_id": 736}, "note_id"),
     )),
 )
 CYCLE_MAX_TOKENS = 384
