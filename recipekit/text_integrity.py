@@ -5,10 +5,12 @@ Standard library only: the launcher runs on the head with python3 alone.
 
 A fault is what no healthy model writes: U+FFFD (a decoder met bytes that are not UTF-8),
 a lone surrogate (half of a UTF-16 pair, which JSON can carry), a control character other
-than newline and tab, or token bytes whose concatenation is not UTF-8. Any fault fails a
-run, whatever its language or length. A run without faults is judged clean only when it is
-conclusive: an answer of at least MIN_ANSWER_CHARS in the asked script; a short, empty,
-off-language or failed answer is inconclusive, never clean.
+than newline and tab, mojibake (UTF-8 read as CP1252 or Latin-1), token bytes whose
+concatenation is not UTF-8, or a text that ends in a loop. Any fault fails a run, whatever
+its language or length. A run without faults is judged clean only when it is conclusive:
+every check ran (the token bytes were given) and the answer has at least MIN_ANSWER_CHARS in
+the asked script; a short, empty, off-language or failed answer, or one whose bytes went
+unchecked, is inconclusive, never clean.
 """
 
 from __future__ import annotations
@@ -36,10 +38,12 @@ MIN_KANA_SHARE = 0.2
 # The emoji prompts ask one per sentence; five four-byte sequences are five chances for a
 # corrupted byte token, and a 400-character answer has well over five sentences.
 MIN_EMOJI = 5
-# A repeating tail: a unit of 1 to MAX_REPEAT_UNIT characters written at least
-# MIN_REPEAT_COPIES times back to back at the end, covering MIN_REPEAT_CHARS or more. A
-# finished answer does not end by saying the same 20 characters three times in a row; a
-# parser that lost sync and a model locked in a loop do, until max_tokens.
+# A repeating tail (a looped text): a unit of 1 to MAX_REPEAT_UNIT characters written at
+# least MIN_REPEAT_COPIES times back to back at the end, covering MIN_REPEAT_CHARS or more. A
+# finished answer does not end by saying the same 20 characters three times in a row, nor
+# does a healthy one cut by max_tokens; a parser that lost sync and a model locked in a loop
+# (the degenerate repetition of vLLM #56868) do, until max_tokens. A unit of 200 fits three
+# times in the 700-token answers judged here; shorter loops, a sentence, are the field's.
 MAX_REPEAT_UNIT = 200
 MIN_REPEAT_COPIES = 3
 MIN_REPEAT_CHARS = 60
@@ -48,6 +52,17 @@ MIN_REPEAT_CHARS = 60
 TOOL_MARKUP = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>",
                "</arg_value>", "<tool_response>", "</tool_response>", "<|observation|>",
                "<|assistant|>", "<|user|>", "<|system|>")
+
+# Mojibake: a word's UTF-8 bytes read one byte a character by a CP1252 or Latin-1 decoder
+# ("한국" shows as "í•œêµ­"). Read back to bytes, such a stretch decodes as UTF-8 again. A
+# stretch counts once it decodes to MIN_MOJIBAKE_CHARS characters or more, or to one of four
+# bytes: legit Latin text can spell one UTF-8 character by chance, an accented letter before
+# one or two marks (French "voilà »" with its no-break space is E0 A0 BB, "café”…" is
+# E9 94 85, German "Fuß“" is DF 93), never two in a row; a mis-read word of two or more
+# Hangul, kana or kanji gives two or more, a mis-read emoji ("ðŸ˜€") one of four bytes.
+MIN_MOJIBAKE_CHARS = 2
+# What a verdict says when the answer came without token bytes: a check planned and not run
+BYTE_CHECK_NOT_RUN = "token byte check not run: no token bytes given"
 
 HANGUL = ((0x1100, 0x11FF), (0x3130, 0x318F), (0xA960, 0xA97F), (0xAC00, 0xD7FF))
 KANA = ((0x3040, 0x30FF), (0x31F0, 0x31FF), (0xFF66, 0xFF9F))
@@ -82,14 +97,20 @@ class TextFaults:
     replacement: int = 0               # U+FFFD
     surrogates: int = 0                # lone surrogates
     controls: int = 0                  # Cc characters other than newline and tab
+    mojibake: int = 0                  # stretches of UTF-8 read as CP1252 or Latin-1
 
     @property
     def total(self) -> int:
-        return self.replacement + self.surrogates + self.controls
+        return self.replacement + self.surrogates + self.controls + self.mojibake
+
+    def phrase(self, where: str) -> str:
+        """The counts in one phrase: where is the text's name (the answer, the reasoning)."""
+        return (f"{self.replacement} U+FFFD, {self.surrogates} lone surrogates, "
+                f"{self.controls} control chars, {self.mojibake} mojibake runs in the {where}")
 
     def to_json(self) -> dict:
         return {"replacement": self.replacement, "surrogates": self.surrogates,
-                "controls": self.controls}
+                "controls": self.controls, "mojibake": self.mojibake}
 
 
 def text_faults(text: str) -> TextFaults:
@@ -102,7 +123,68 @@ def text_faults(text: str) -> TextFaults:
             surrogates += 1
         elif char not in "\n\t" and unicodedata.category(char) == "Cc":
             controls += 1
-    return TextFaults(replacement, surrogates, controls)
+    return TextFaults(replacement, surrogates, controls, len(mojibake(text)))
+
+
+def _read_as_byte(char: str) -> int | None:
+    """The byte 0x80-0xFF that a CP1252 or Latin-1 decoder turned into CHAR, else None.
+    Latin-1 maps every byte to the code point of its value; CP1252 agrees from 0xA0 on and
+    puts punctuation and letters at 0x80-0x9F (its five unassigned bytes read as Latin-1)."""
+    if 0x80 <= ord(char) <= 0xFF:
+        return ord(char)
+    try:
+        raw = char.encode("cp1252")
+    except UnicodeEncodeError:
+        return None
+    return raw[0] if raw[0] >= 0x80 else None
+
+
+def _utf8_length(lead: int) -> int:
+    """How many bytes a UTF-8 sequence starting with LEAD holds; 0 when it starts none."""
+    return 2 if 0xC2 <= lead <= 0xDF else 3 if 0xE0 <= lead <= 0xEF else \
+        4 if 0xF0 <= lead <= 0xF4 else 0
+
+
+def _misread_stretches(chars: str) -> list[tuple[str, str]]:
+    """(as shown, as meant) for each stretch of CHARS (all read as bytes) whose bytes are
+    consecutive whole UTF-8 characters, two or more, or one of four bytes."""
+    data = bytes(_read_as_byte(char) for char in chars)
+    found, start, position, meant = [], 0, 0, ""
+
+    def close(end: int) -> None:
+        if len(meant) >= MIN_MOJIBAKE_CHARS or (meant and len(meant.encode()) == 4):
+            found.append((chars[start:end], meant))
+
+    while position < len(data):
+        size = _utf8_length(data[position])
+        try:
+            char = data[position:position + size].decode("utf-8") if size else ""
+        except UnicodeDecodeError:
+            char = ""
+        if char:
+            start = position if not meant else start
+            meant += char
+            position += size
+        else:
+            close(position)
+            meant, position = "", position + 1
+    close(position)
+    return found
+
+
+def mojibake(text: str) -> list[tuple[str, str]]:
+    """The stretches of TEXT that are UTF-8 read as CP1252 or Latin-1, each (as shown, as
+    meant): a stretch decodes as UTF-8 once read back to bytes, to MIN_MOJIBAKE_CHARS
+    characters or more or to one of four bytes ("í•œêµ­" -> "한국")."""
+    found, run = [], ""
+    for char in text + "\0":       # the end closes the last run
+        if _read_as_byte(char) is not None:
+            run += char
+            continue
+        if run:
+            found += _misread_stretches(run)
+        run = ""
+    return found
 
 
 @dataclass(frozen=True)
@@ -180,22 +262,31 @@ class Judgement:
     emoji: int
     answer: TextFaults
     reasoning: TextFaults
-    token_bytes: ByteFaults | None     # None: the server gave no token bytes
+    answer_repeat: Repetition | None   # the answer's repeating tail, if it has one
+    reasoning_repeat: Repetition | None
+    token_bytes: ByteFaults | None     # None: the server gave no token bytes (check not run)
 
     @property
     def faults(self) -> int:
         return (self.answer.total + self.reasoning.total
+                + (self.answer_repeat is not None) + (self.reasoning_repeat is not None)
                 + (self.token_bytes.invalid if self.token_bytes else 0))
+
+    @property
+    def byte_check_ran(self) -> bool:
+        return self.token_bytes is not None
 
     def counts(self) -> str:
         """The counts, one phrase: what the self-check line and a probe's run say."""
-        text = (f"{self.answer.replacement} U+FFFD, {self.answer.surrogates} lone surrogates, "
-                f"{self.answer.controls} control chars in the answer")
+        text = self.answer.phrase("answer")
         if self.reasoning.total:
-            text += (f"; {self.reasoning.replacement} U+FFFD, {self.reasoning.surrogates} lone "
-                     f"surrogates, {self.reasoning.controls} control chars in the reasoning")
+            text += "; " + self.reasoning.phrase("reasoning")
+        repeats = [repeat.phrase(where) for where, repeat in
+                   (("answer", self.answer_repeat), ("reasoning", self.reasoning_repeat))
+                   if repeat is not None]
+        text += "; " + ("; ".join(repeats) if repeats else "no repeating tail")
         if self.token_bytes is None:
-            text += "; token bytes not given"
+            text += f"; {BYTE_CHECK_NOT_RUN}"
         else:
             text += (f"; {self.token_bytes.invalid} invalid UTF-8 sequences in "
                      f"{self.token_bytes.tokens} tokens' bytes")
@@ -215,6 +306,9 @@ class Judgement:
                 "kana_share": self.kana_share, "emoji": self.emoji,
                 "answer_faults": self.answer.to_json(),
                 "reasoning_faults": self.reasoning.to_json(),
+                "answer_repeat": self.answer_repeat and self.answer_repeat.to_json(),
+                "reasoning_repeat": self.reasoning_repeat and self.reasoning_repeat.to_json(),
+                "byte_check": "run" if self.byte_check_ran else "not run",
                 "token_bytes": self.token_bytes.to_json() if self.token_bytes else None}
 
 
@@ -224,8 +318,9 @@ def _percent(value: float | None) -> str:
 
 def judge(language: Language, content: str, reasoning: str,
           token_bytes: list | None, finish_reason: str | None) -> Judgement:
-    """One answer's verdict: fault when anything is counted (answer, reasoning, token bytes);
-    else inconclusive when the answer is empty, short or off-language; else clean."""
+    """One answer's verdict: fault when anything is counted (answer, reasoning, a repeating
+    tail, token bytes); else inconclusive when the answer is empty, short or off-language, or
+    when no token bytes came (the byte check did not run); else clean."""
     answer, thought = text_faults(content), text_faults(reasoning)
     usable = token_bytes is not None and all(isinstance(b, (list, bytes)) for b in token_bytes)
     byte_faults = (token_byte_faults(token_bytes, cut_allowed=finish_reason == "length")
@@ -233,7 +328,8 @@ def judge(language: Language, content: str, reasoning: str,
     script = script_of(content, language)
     chars = len(content.strip())
     found = Judgement(language.name, "clean", "", chars, script.share, script.kana_share,
-                      script.emoji, answer, thought, byte_faults)
+                      script.emoji, answer, thought, repeating_tail(content),
+                      repeating_tail(reasoning), byte_faults)
     if found.faults:
         found.verdict, found.why = "fault", found.counts()
     elif not chars:
@@ -256,6 +352,9 @@ def judge(language: Language, content: str, reasoning: str,
     elif script.emoji < language.min_emoji:
         found.verdict = "inconclusive"
         found.why = f"{script.emoji} emoji, under {language.min_emoji}"
+    elif not found.byte_check_ran:
+        # every planned check must run before a run is clean
+        found.verdict, found.why = "inconclusive", BYTE_CHECK_NOT_RUN
     else:
         found.why = "clean"
     return found
@@ -271,6 +370,12 @@ class Repetition:
     unit: str
     copies: int
     chars: int
+
+    def phrase(self, where: str) -> str:
+        return f"the {where} ends repeating {self.unit!r} {self.copies} times ({self.chars} chars)"
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
 
 
 def repeating_tail(text: str) -> Repetition | None:

@@ -1,11 +1,16 @@
 """Two tiny targets whose greedy answers to the multibyte probe are known: a clean one that
 answers Korean questions in Hangul (with emoji) and Japanese ones in kana and kanji, and a
-corrupting one, the same but for one lone UTF-8 lead byte in every Korean cycle.
+corrupting one, the same but for four lone UTF-8 lead bytes in the Korean cycle.
+
+Each cycle is CYCLE_TOKENS distinct tokens, as long as the probe's answers (700 tokens), so
+no answer repeats itself: a text that loops is a fault the probe now fails (a healthy model
+does not say the same sentence over and over).
 
 The tokenizer is the tier's byte-level BPE (tiny_models.tokenizer_dir) with the cycles'
 characters added as tokens, so one token is one character and 700 tokens make 700
-characters; the lone lead byte 0xEA is the byte-level vocabulary's own token. The model is
-the tier's Qwen3 shape with weights set by hand, float32:
+characters; the lone lead bytes 0xEA-0xED are the byte-level vocabulary's own tokens. The
+model is the tier's Qwen3 shape, wider (one dimension per cycle token), with weights set by
+hand, float32:
 
 - the embedding of a token is a constant unit (dimension BIAS), a script flag (FLAG_KO for
   Hangul and the lead bytes 0xEA-0xED, FLAG_JA for kana, kanji and the lead bytes 0xE3-0xE9)
@@ -22,13 +27,15 @@ the tier's Qwen3 shape with weights set by hand, float32:
   inside a cycle the current token's own row wins by a margin checked at build time.
 
 The clean target's answer is its cycle text from the first token on, cut at max_tokens; the
-corrupting target writes 0xEA before the Korean cycle's sixth syllable, a lead byte that the
-syllable (itself starting with a lead byte) cannot continue: vLLM's detokenizer writes
-U+FFFD for it.
+corrupting target writes 0xEA, 0xEB, 0xEC and 0xED each before a syllable of the Korean
+cycle (CORRUPT_BEFORE), a lead byte that the syllable (itself starting with a lead byte)
+cannot continue: vLLM's detokenizer writes U+FFFD for each, four in 700 tokens (the field's
+fewest).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -37,25 +44,53 @@ import numpy as np
 from tests.engine import tiny_models
 from tests.engine.cache import cached_dir, files_key
 
-# 36 distinct Hangul syllables, four emoji and a space: 41 characters a cycle
-KOREAN_CYCLE = ["퍼", "셉", "트", "론", "과", "신", "경", "망", "의", "차", "이", "를", "자", "세",
-                "히", "설", "명", "해", "주", "요", "최", "소", "상", "으", "로", "작", "성", "하",
-                "는", "방", "법", "다", "층", "학", "습", "계", "🌊", "🍊", "🐶", "🎂", " "]
-# 30 kana, 10 kanji and a full stop
-JAPANESE_CYCLE = ["あ", "い", "う", "え", "お", "か", "き", "く", "け", "こ", "さ", "し", "す",
-                  "せ", "そ", "た", "ち", "つ", "て", "と", "な", "に", "ぬ", "ね", "の", "は",
-                  "ひ", "ふ", "へ", "ほ", "日", "本", "語", "学", "習", "情", "報", "時", "間",
-                  "界", "。"]
-LONE_LEAD_BYTE = 0xEA
-CORRUPT_BEFORE = 5          # the byte goes before KOREAN_CYCLE[5]
+# tokens a cycle: the probe's answers are 700 tokens (FIELD_MAX_TOKENS), and none repeats
+CYCLE_TOKENS = 700
+EMOJI = ["🌊", "🍊", "🐶", "🎂", "🎈", "🎁", "🌳", "🦴"]
+
+
+def _korean_cycle() -> list[str]:
+    """691 distinct Hangul syllables (every 13th of the block), an emoji after every 80th
+    syllable, and one space in the middle (none at either end: stripping keeps 700 chars)."""
+    syllables = [chr(0xAC00 + 13 * index) for index in range(CYCLE_TOKENS - len(EMOJI) - 1)]
+    cycle: list[str] = []
+    for count, syllable in enumerate(syllables, start=1):
+        cycle.append(syllable)
+        if count % 80 == 0:
+            cycle.append(EMOJI[count // 80 - 1])
+        if count == len(syllables) // 2:
+            cycle.append(" ")
+    return cycle
+
+
+def _japanese_cycle() -> list[str]:
+    """A kana every fourth character (175 of the hiragana and katakana letters), distinct
+    kanji between them (every 37th of the unified block), and a full stop at the end."""
+    kana = iter(chr(c) for c in (*range(0x3041, 0x3097), *range(0x30A1, 0x30FB)))
+    kanji = iter(chr(0x4E00 + 37 * index) for index in range(CYCLE_TOKENS))
+    return [next(kana) if index % 4 == 0 else next(kanji)
+            for index in range(CYCLE_TOKENS - 1)] + ["。"]
+
+
+KOREAN_CYCLE = _korean_cycle()
+JAPANESE_CYCLE = _japanese_cycle()
+LONE_LEAD_BYTES = (0xEA, 0xEB, 0xEC, 0xED)
+CORRUPT_BEFORE = (5, 180, 355, 530)   # each lone byte goes before KOREAN_CYCLE[i]
 
 BIAS, FLAG_KO, FLAG_JA, ATT_KO, ATT_JA = 0, 1, 2, 3, 4
 FIRST_TOKEN_DIM = 8
+# one dimension per cycle token (the corrupting target's four bytes among them) after the
+# first eight, rounded up to a multiple of 128
+HIDDEN = 1536
+SHAPE = tiny_models.TinyShape(hidden=HIDDEN)
 ALPHA = 6.0                 # a cycle token -> its successor
 BETA = 12.0                 # a language's mean -> its cycle's first token
-# the attention's value and output gains: a context flagged throughout (normalized flag 8 at
-# most) reads 8 * 0.125 * 0.25 = 0.25 in ATT_*, so BETA * 0.25 stays under ALPHA
-VALUE_GAIN, OUTPUT_GAIN = 0.125, 0.25
+# the attention's value and output gains: a context flagged throughout reads at most
+# (largest normalized flag) * VALUE_GAIN * OUTPUT_GAIN = 0.25 in ATT_*, so BETA * 0.25 stays
+# under ALPHA. A token with a flag and no cycle direction normalizes its flag to
+# sqrt(HIDDEN / 2) (28 here; 8 at the tier's width of 128, whose gains were 0.125 and 0.25)
+VALUE_GAIN = 0.125
+OUTPUT_GAIN = 0.25 / (VALUE_GAIN * (HIDDEN / 2) ** 0.5)
 # the least share of a prompt's tokens flagged that must still pick its language's cycle
 MIN_FLAGGED = 0.1
 # no greedy choice may rest on less than this (nats): float32 moves these logits by ~1e-5
@@ -90,9 +125,15 @@ def tokenizer_with_cycles(out: Path) -> dict[str, int]:
     return tokenizer.get_vocab(with_added_tokens=True)
 
 
+@functools.cache
+def _byte_table() -> dict[str, int]:
+    """The byte-level alphabet's symbol -> the byte it stands for."""
+    return {_byte_symbol(b): b for b in range(256)}
+
+
 def _token_bytes(token: str) -> bytes:
     """The bytes a vocabulary entry stands for (byte-level symbols, or an added character)."""
-    table = {_byte_symbol(b): b for b in range(256)}
+    table = _byte_table()
     if all(char in table for char in token):
         return bytes(table[char] for char in token)
     return token.encode()
@@ -108,18 +149,26 @@ def _flag(raw: bytes) -> int | None:
     return None
 
 
+def _corrupted(cycle: list, lone: list) -> list:
+    """CYCLE with each of LONE inserted before its CORRUPT_BEFORE position (from the last,
+    so that the positions are the clean cycle's)."""
+    cycle = list(cycle)
+    for before, item in sorted(zip(CORRUPT_BEFORE, lone), reverse=True):
+        cycle.insert(before, item)
+    return cycle
+
+
 def cycle_ids(vocab: dict[str, int], corrupt: bool) -> tuple[list[int], list[int]]:
     korean = [vocab[_byte_symbol(32) if c == " " else c] for c in KOREAN_CYCLE]
     if corrupt:
-        korean.insert(CORRUPT_BEFORE, vocab[_byte_symbol(LONE_LEAD_BYTE)])
+        korean = _corrupted(korean, [vocab[_byte_symbol(b)] for b in LONE_LEAD_BYTES])
     return korean, [vocab[c] for c in JAPANESE_CYCLE]
 
 
 def weights(vocab: dict[str, int], corrupt: bool) -> dict[str, np.ndarray]:
-    shape = tiny_models.TinyShape()
-    size, hidden = len(vocab), shape.hidden
+    size, hidden = len(vocab), SHAPE.hidden
     tensors = {name: np.zeros_like(value) for name, value in
-               tiny_models.qwen3_weights(0, size, shape).items()}
+               tiny_models.qwen3_weights(0, size, SHAPE).items()}
     for name in tensors:
         if name.endswith("norm.weight"):
             tensors[name] = np.ones_like(tensors[name])
@@ -168,7 +217,7 @@ def worst_margin(tensors: dict[str, np.ndarray], cycles: list[list[int]]) -> flo
     # largest normalized flag any token has
     largest = max(abs(float(v)) for v in _rms_norm(embed)[:, [FLAG_KO, FLAG_JA]].ravel())
 
-    shape = tiny_models.TinyShape()
+    shape = SHAPE
 
     def attention(ko: float, ja: float) -> np.ndarray:
         flags = np.zeros(embed.shape[1])
@@ -178,21 +227,22 @@ def worst_margin(tensors: dict[str, np.ndarray], cycles: list[list[int]]) -> flo
         heads = np.repeat(per_kv, shape.heads // shape.kv_heads, axis=0)
         return output @ heads.ravel()
 
-    def margin(x: np.ndarray, choice: int) -> float:
-        logits = head @ _rms_norm(x)
-        return float(logits[choice] - np.delete(logits, choice).max())
-
-    worst = np.inf
+    # every state (a row) and the choice it must make, scored in one product
+    states, choices = [], []
     for cycle in cycles:
         for index, token_id in enumerate(cycle):
-            successor = cycle[(index + 1) % len(cycle)]
             for ko, ja in ((0, 0), (1, 0), (0, 1)):
-                worst = min(worst, margin(embed[token_id] + attention(ko, ja), successor))
+                states.append(embed[token_id] + attention(ko, ja))
+                choices.append(cycle[(index + 1) % len(cycle)])
     prompt_end = np.zeros(embed.shape[1])
     prompt_end[BIAS] = 1.0
-    worst = min(worst, margin(prompt_end + attention(MIN_FLAGGED, 0), cycles[0][0]),
-                margin(prompt_end + attention(0, MIN_FLAGGED), cycles[1][0]))
-    return worst
+    states += [prompt_end + attention(MIN_FLAGGED, 0), prompt_end + attention(0, MIN_FLAGGED)]
+    choices += [cycles[0][0], cycles[1][0]]
+    logits = _rms_norm(np.array(states)) @ head.T
+    rows = np.arange(len(choices))
+    chosen = logits[rows, choices]
+    logits[rows, choices] = -np.inf
+    return float((chosen - logits.max(axis=1)).min())
 
 
 def _build(corrupt: bool):
@@ -207,8 +257,7 @@ def _build(corrupt: bool):
                              f"{MIN_MARGIN}")
         ids = vocab
         eos = [ids["<|im_end|>"], ids["<|endoftext|>"]]
-        config = tiny_models.qwen3_config(len(vocab), eos, ids["<|endoftext|>"],
-                                          tiny_models.TinyShape())
+        config = tiny_models.qwen3_config(len(vocab), eos, ids["<|endoftext|>"], SHAPE)
         (out / "config.json").write_text(json.dumps(config, indent=1))
         (out / "generation_config.json").write_text(json.dumps(
             {"eos_token_id": eos, "pad_token_id": ids["<|endoftext|>"]}, indent=1))
@@ -240,7 +289,7 @@ def expected_answer(language: str, max_tokens: int, corrupt: bool) -> str:
     cycle from the first token, max_tokens tokens long (U+FFFD for the lone lead byte)."""
     cycle = list(JAPANESE_CYCLE if language == "ja" else KOREAN_CYCLE)
     if corrupt and language != "ja":
-        cycle.insert(CORRUPT_BEFORE, "\ufffd")
+        cycle = _corrupted(cycle, ["\ufffd"] * len(LONE_LEAD_BYTES))
     return "".join(cycle[i % len(cycle)] for i in range(max_tokens))
 
 

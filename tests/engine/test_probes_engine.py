@@ -3,9 +3,9 @@ vLLM's hermes tool parser): every probe judges a real response shape, none error
 random model fails counting (longest run reported), the needle reports prefill tok/s, and
 the tool probes (tool_cycles streamed) fail cleanly: a random model writes no tool call.
 
-And the multibyte probe can fail on real vLLM: a tiny target whose greedy answer carries a
-lone UTF-8 lead byte token in every Korean cycle fails it, and the same target without that
-byte passes it, every run conclusive (tests/engine/multibyte_models.py)."""
+And the multibyte probe can fail on real vLLM: a tiny target whose greedy answer carries four
+lone UTF-8 lead byte tokens in its Korean cycle fails it, and the same target without those
+bytes passes it, every run conclusive and none looping (tests/engine/multibyte_models.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.probes import MULTIBYTE_RUNS, PROBE_NAMES, longest_run
+from bench.probes import PROBE_NAMES
+from bench.probing.multibyte import MULTIBYTE_RUNS
+from bench.probing.serving import longest_run
 from recipekit.text_integrity import FIELD_MAX_TOKENS, FIELD_PROMPT
 from tests.engine import multibyte_models
 from tests.engine.conftest import TINY_CONTEXT
@@ -105,7 +107,7 @@ def multibyte(server_multibyte_clean, server_multibyte_corrupt, tmp_path_factory
 
 
 def expected_excerpt(language: str, corrupt: bool) -> str:
-    from bench.probes import excerpt
+    from bench.probing.verdict import excerpt
 
     return excerpt(multibyte_models.expected_answer(language, FIELD_MAX_TOKENS, corrupt))
 
@@ -125,22 +127,24 @@ def test_the_clean_target_passes_multibyte_every_run_conclusive(multibyte):
         assert run["content"] == expected_excerpt(run["language"], corrupt=False), run
         assert run["token_bytes"] == {**run["token_bytes"], "tokens": FIELD_MAX_TOKENS,
                                       "invalid": 0}
-    assert all(run["emoji"] == 68 for run in runs if run["language"] != "ja")
+    assert all(run["emoji"] == len(multibyte_models.EMOJI) for run in runs
+               if run["language"] != "ja")
+    assert all(run["answer_repeat"] is None and run["byte_check"] == "run" for run in runs)
 
 
 def test_the_corrupting_target_fails_multibyte_on_its_korean_runs(multibyte):
     code, output, doc = multibyte["corrupt"]
     result = doc["probes"]["multibyte"]
     assert code == 1 and result["status"] == "fail", output
-    # a lone 0xEA every 42 tokens: 17 in 700, each followed by a token that cannot continue it
+    # four lone lead bytes in 700 tokens, each followed by a token that cannot continue it
     expected = multibyte_models.expected_answer("ko", FIELD_MAX_TOKENS, corrupt=True)
-    assert expected.count("\ufffd") == 17
-    by_run = {"ko": 17, "emoji": 17, "ja": 0}
+    assert expected.count("\ufffd") == 4
+    by_run = {"ko": 4, "emoji": 4, "ja": 0}
     runs = result["details"]["runs"]
     assert result["details"]["replacement"] == [by_run[run["language"]] for run in runs]
     assert result["summary"].startswith(
-        "3 clean, 8 faulty, 0 inconclusive of 11 runs; U+FFFD in the answer by run: 17, 17, "
-        "17, 17, 17, 0, 0, 0, 17, 17, 17; first: run 1 ko-field: fault: 17 U+FFFD"), output
+        "3 clean, 8 faulty, 0 inconclusive of 11 runs; U+FFFD in the answer by run: 4, 4, 4, 4, "
+        "4, 0, 0, 0, 4, 4, 4; first: run 1 ko-field: fault: 4 U+FFFD"), output
     for run in runs:
         assert run["verdict"] == ("clean" if run["language"] == "ja" else "fault"), run
         assert run["content"] == expected_excerpt(run["language"], corrupt=True), run
@@ -179,10 +183,11 @@ def test_the_self_check_tells_the_two_targets_apart(server_multibyte_clean,
     assert clean.returncode == 0 and clean.stderr == "", clean.stdout + clean.stderr
     assert clean.stdout == (
         "glm53: self-check: clean: one Korean answer to the field's prompt (700 tokens): 0 "
-        "U+FFFD, 0 lone surrogates, 0 control chars in the answer; 0 invalid UTF-8 sequences "
-        "in 700 tokens' bytes; 700 chars, 100% of letters in the script, 68 emoji\n")
+        "U+FFFD, 0 lone surrogates, 0 control chars, 0 mojibake runs in the answer; no "
+        "repeating tail; 0 invalid UTF-8 sequences in 700 tokens' bytes; 700 chars, 100% of "
+        "letters in the script, 8 emoji\n")
     corrupt = self_check(server_multibyte_corrupt)
     assert corrupt.returncode == 1, corrupt.stdout + corrupt.stderr
     assert corrupt.stdout.startswith("glm53: self-check: FAULT: one Korean answer to the field's "
-                                     "prompt (700 tokens): 17 U+FFFD, 0 lone surrogates")
-    assert corrupt.stderr.startswith("glm53: WARNING: the served text is corrupted (17 U+FFFD")
+                                     "prompt (700 tokens): 4 U+FFFD, 0 lone surrogates")
+    assert corrupt.stderr.startswith("glm53: WARNING: the served text is corrupted (4 U+FFFD")

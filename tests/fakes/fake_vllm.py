@@ -980,6 +980,13 @@ ANSWER_FAULTS = (
     "tool_broken_json",    # the pinned call's streamed arguments stop mid-JSON
     "tool_changed_arguments",  # the pinned call's string values lose a character to U+FFFD
     "tool_repeating_tail", # the answer after a tool result ends in one phrase said 12 times
+    "mb_mojibake",         # one word's UTF-8 read as CP1252 (한국 as í•œêµ­) in the answer
+    "mb_loop",             # one sentence said 40 times to the end, cut by max_tokens
+    "mb_no_token_bytes",   # logprobs given, but their entries carry no bytes
+    "tool_answer_ok",      # the answer after a tool result is "OK.", the result unused
+    "tool_answer_replacement",  # a U+FFFD in the (Korean or Japanese) answer after a result
+    "tool_reasoning_surrogate",  # a lone surrogate in the reasoning of that answer
+    "tool_call_content_replacement",  # a pinned call comes with content holding a U+FFFD
 )
 REASONING_FIELDS = ("reasoning", "reasoning_content")
 EMPTY_TOOL_CALLS = ("absent", "null", "list")
@@ -1038,6 +1045,7 @@ class Reply:
     tool_calls: list[dict] = field(default_factory=list)
     finish_reason: str = "stop"
     token_bytes: list[bytes] | None = None   # each output token's bytes, for logprobs
+    bytes_in_logprobs: bool = True           # False: logprobs entries without their bytes
 
 
 def _text_of(message: dict) -> str:
@@ -1074,12 +1082,23 @@ def _weather_call(answers: AnswerProgram, question: str) -> Reply:
 
 # ----- the integrity probes' answers
 
+# Each answer's sentences, every one its own: 450 characters never repeat a sentence, as a
+# healthy answer does not (a looped one does: mb_loop)
 KOREAN_SENTENCES = (
     "퍼셉트론은 입력에 가중치를 곱해 더한 값을 활성화 함수에 넣어 출력을 정합니다.",
     "신경망은 이런 단위를 여러 층으로 쌓아 복잡한 관계를 배웁니다.",
     "단층 퍼셉트론은 직선 하나로 나눌 수 있는 문제만 풀 수 있습니다.",
     "다층 신경망은 은닉층 덕분에 XOR 같은 문제도 풀 수 있습니다.",
     "학습은 오차를 줄이는 방향으로 가중치를 조금씩 고치는 과정입니다.",
+    "은닉층의 뉴런은 시그모이드나 렐루 같은 비선형 함수를 씁니다.",
+    "역전파는 출력의 오차를 각 층의 가중치까지 거슬러 전달합니다.",
+    "경사 하강법은 손실이 줄어드는 쪽으로 매개변수를 조금씩 옮깁니다.",
+    "층이 깊어질수록 더 많은 데이터와 계산 자원이 필요합니다.",
+    "그래서 신경망은 이미지 인식과 번역 같은 어려운 과제도 다룹니다.",
+    "정리하면 퍼셉트론은 신경망이 시작된 출발점이라고 할 수 있습니다.",
+    "오늘날의 언어 모델도 결국 이 단순한 단위에서 자라났습니다.",
+    "마지막으로 과적합을 막으려면 검증 데이터로 성능을 꼭 확인해야 합니다.",
+    "이상으로 두 개념의 차이를 간단히 정리해 보았습니다.",
 )
 JAPANESE_SENTENCES = (
     "パーセプトロンは入力に重みを掛けて足し合わせ、その値で出力を決めます。",
@@ -1087,12 +1106,27 @@ JAPANESE_SENTENCES = (
     "単純なパーセプトロンは直線で分けられる問題しか解けません。",
     "隠れ層があると、XORのような問題も解けるようになります。",
     "学習とは、誤差が小さくなるように重みを少しずつ直すことです。",
+    "隠れ層のニューロンは、シグモイドのような非線形の関数を使います。",
+    "誤差逆伝播法は、出力の誤差を各層の重みまでさかのぼって伝えます。",
+    "勾配降下法は、損失が小さくなる方向へパラメータを動かします。",
+    "層が深くなるほど、多くのデータと計算資源が必要になります。",
+    "そのおかげで、画像認識や翻訳のような難しい課題も扱えます。",
+    "まとめると、パーセプトロンはニューラルネットワークの出発点です。",
+    "今日の言語モデルも、この単純な単位から育ってきました。",
+    "最後に、過学習を防ぐために検証データで性能を確かめることが大切です。",
+    "以上で、二つの考え方の違いを簡単にまとめました。",
 )
 ENGLISH_SENTENCES = (
     "A perceptron multiplies its inputs by weights and passes the sum through a step.",
     "A neural network stacks many such units in layers and learns richer relations.",
     "A single perceptron only separates what one straight line can separate.",
+    "Hidden units use non-linear activations such as the sigmoid or ReLU.",
+    "Backpropagation carries the output error back to every layer's weights.",
+    "Gradient descent then moves each parameter a little way downhill.",
+    "Deeper networks need more data and more computation to train.",
+    "In short, the perceptron is where neural networks began.",
 )
+LOOPED_TIMES = 40     # mb_loop: one sentence said this many times, the field's degeneration
 EMOJI_CYCLE = ("🌊", "🍊", "🐶", "🎂", "🎈", "🎁")
 MULTIBYTE_CHARS = 450
 GLM47_CALL = "<tool_call>{name}\n<arg_key>{key}</arg_key>\n<arg_value>{value}</arg_value>\n</tool_call>"
@@ -1147,12 +1181,22 @@ def multibyte_reply(answers: AnswerProgram, question: str) -> Reply:
         text = text[:50] + "\ud83d" + text[50:]
     if "mb_control" in faults:
         text = text[:50] + "\x1b" + text[50:]
+    if "mb_mojibake" in faults:
+        # one word's UTF-8 read as CP1252: 한국 shows as í•œêµ­
+        text = text[:50] + " " + "한국".encode().decode("cp1252") + " " + text[50:]
+    finish_reason = "stop"
+    if "mb_loop" in faults:
+        # one sentence said over and over until max_tokens cuts it
+        sentence = (JAPANESE_SENTENCES if japanese else KOREAN_SENTENCES)[1]
+        text = text[:150] + " " + (sentence + " ") * LOOPED_TIMES + sentence[:5]
+        finish_reason = "length"
     tokens = _byte_tokens(text)
     if "mb_token_bytes" in faults:
         tokens.insert(10, b"\xea")   # the next token starts a character: 0xEA stays alone
     reasoning = ("생각해 보면 \ufffd 퍼셉트론부터 설명하겠습니다." if "mb_reasoning" in faults
                  else None)
-    return Reply(text, reasoning=reasoning, token_bytes=tokens)
+    return Reply(text, reasoning=reasoning, token_bytes=tokens, finish_reason=finish_reason,
+                 bytes_in_logprobs="mb_no_token_bytes" not in faults)
 
 
 def pinned_call(answers: AnswerProgram, question: str, offered: set) -> Reply | None:
@@ -1175,7 +1219,9 @@ def pinned_call(answers: AnswerProgram, question: str, offered: set) -> Reply | 
     text = json.dumps(arguments, ensure_ascii=False)
     if "tool_broken_json" in answers.faults:
         text = text[:-3]
-    return Reply(None, tool_calls=[_tool_call(name, text)], finish_reason="tool_calls")
+    beside = ("확인해 볼게요\ufffd." if "tool_call_content_replacement" in answers.faults
+              else None)
+    return Reply(beside, tool_calls=[_tool_call(name, text)], finish_reason="tool_calls")
 
 
 def _tool_result_reply(answers: AnswerProgram, messages: list) -> Reply:
@@ -1191,14 +1237,22 @@ def _tool_result_reply(answers: AnswerProgram, messages: list) -> Reply:
                      finish_reason="tool_calls")
     if "tool_result_ignored" in answers.faults:
         return Reply("I do not know the weather there.")
+    if "tool_answer_ok" in answers.faults:
+        return Reply("OK.")
     result_text = _text_of(result)
-    japanese = _has(result_text, 0x3040, 0x30FF) or _has(result_text, 0x4E00, 0x9FFF)
-    if japanese or _has(result_text, 0xAC00, 0xD7A3):
+    conversation = " ".join(_text_of(m) for m in messages if isinstance(m, dict))
+    if integrity_conversation(messages):
+        # answered in the conversation's language, the result's values quoted
+        japanese = _has(conversation, 0x3040, 0x30FF)
         said = (f"ツールの結果を確認しました: {result_text}。" if japanese
                 else f"도구 결과를 확인했습니다: {result_text}.")
         if "tool_repeating_tail" in answers.faults:
             said += " " + REPEATED_PHRASE * 12
-        return Reply(said)
+        if "tool_answer_replacement" in answers.faults:
+            said = said[:4] + "\ufffd" + said[4:]
+        reasoning = ("결과를 읽어 보면 \ud83d 좋습니다." if "tool_reasoning_surrogate" in answers.faults
+                     else None)
+        return Reply(said, reasoning=reasoning)
     try:
         weather = json.loads(_text_of(result))
         return Reply(f"It is {weather['temperature_c']} degrees C with {weather['condition']} "
@@ -1263,8 +1317,12 @@ def _answer_logprobs(body: dict, reply: Reply) -> dict | None:
     """OpenAI logprobs with each token's raw bytes (a token may hold part of a character)."""
     if not body.get("logprobs") or reply.token_bytes is None:
         return None
-    return {"content": [{"token": raw.decode("utf-8", "replace"), "logprob": TOP_LOGPROB,
-                         "bytes": list(raw), "top_logprobs": []} for raw in reply.token_bytes]}
+    entries = [{"token": raw.decode("utf-8", "replace"), "logprob": TOP_LOGPROB,
+                "bytes": list(raw), "top_logprobs": []} for raw in reply.token_bytes]
+    if not reply.bytes_in_logprobs:
+        for entry in entries:
+            del entry["bytes"]
+    return {"content": entries}
 
 
 def _tool_call_deltas(index: int, call: dict) -> list[dict]:

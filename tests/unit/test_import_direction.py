@@ -177,3 +177,48 @@ def test_the_launcher_imports_nothing_of_the_bench_or_the_tests():
     found = sorted(f"{module} imports {target}" for module, source in sources.items()
                    for target in user_imports(source) if target.split(".")[0] in ("bench", "tests"))
     assert found == []
+
+
+# bench/probes.py's families (bench/probing/), bottom to top: a module may import only the
+# ranks below its own, so the families never import one another, the runner or the command.
+PROBE_RANKS = (("bench.probing.verdict",), ("bench.probing.client",),
+               ("bench.probing.serving", "bench.probing.tools", "bench.probing.multibyte",
+                "bench.probing.tool_cycles"),
+               ("bench.probing.runner",), ("bench.probes",))
+
+
+def probe_modules() -> dict[str, str]:
+    paths = [REPO_ROOT / "bench" / "probes.py",
+             *sorted((REPO_ROOT / "bench" / "probing").glob("*.py"))]
+    return {module_name(path): path.read_text(encoding="utf-8") for path in paths}
+
+
+def probe_arrows(sources: dict[str, str]) -> list[str]:
+    """`MODULE imports TARGET` for each import between the probe modules that does not go
+    to a lower rank (the package's own __init__, which imports nothing, has no rank)."""
+    rank = {module: index for index, ranked in enumerate(PROBE_RANKS) for module in ranked}
+    found = set()
+    for module, source in sources.items():
+        for name in user_imports(source):
+            target = next((known for known in rank
+                           if name == known or name.startswith(known + ".")), None)
+            if target and module in rank and rank[target] >= rank[module]:
+                found.add(f"{module} imports {target}")
+    return sorted(found)
+
+
+def test_the_probe_families_import_only_downward():
+    sources = probe_modules()
+    ranked = {module for ranked in PROBE_RANKS for module in ranked}
+    assert set(sources) - {"bench.probing"} == ranked, "a probe module without a rank"
+    assert probe_arrows(sources) == []
+
+
+def test_the_probe_check_catches_a_family_importing_another_or_the_command():
+    assert probe_arrows({"bench.probing.multibyte":
+                         "from bench.probing.tool_cycles import Turn\n"}) == [
+        "bench.probing.multibyte imports bench.probing.tool_cycles"]
+    assert probe_arrows({"bench.probing.verdict": "from bench import probes\n"}) == [
+        "bench.probing.verdict imports bench.probes"]
+    assert probe_arrows({"bench.probing.runner":
+                         "from bench.probing.serving import probe_needle\n"}) == []

@@ -29,8 +29,9 @@ def test_a_clean_answer_prints_one_line_with_its_counts(tmp_path):
         code, line, warning = selfcheck.check(fake.url + "/v1")
     assert code == selfcheck.CLEAN and warning is None
     assert line.startswith("glm53: self-check: clean: one Korean answer to the field's prompt "
-                           "(700 tokens): 0 U+FFFD, 0 lone surrogates, 0 control chars in the "
-                           "answer; 0 invalid UTF-8 sequences in "), line
+                           "(700 tokens): 0 U+FFFD, 0 lone surrogates, 0 control chars, 0 "
+                           "mojibake runs in the answer; no repeating tail; 0 invalid UTF-8 "
+                           "sequences in "), line
     body = json.loads(log.read_text().splitlines()[0])["body"]
     assert body["messages"] == [{"role": "user", "content": FIELD_PROMPT}]
     assert (body["max_tokens"], body["temperature"], body["logprobs"]) == (700, 0.0, True)
@@ -38,10 +39,15 @@ def test_a_clean_answer_prints_one_line_with_its_counts(tmp_path):
 
 
 @pytest.mark.parametrize("fault, counts", [
-    ("mb_replacement", "4 U+FFFD, 0 lone surrogates, 0 control chars in the answer"),
-    ("mb_token_bytes", "0 U+FFFD, 0 lone surrogates, 0 control chars in the answer; 1 invalid "
-                       "UTF-8 sequences in "),
-    ("mb_reasoning", "1 U+FFFD, 0 lone surrogates, 0 control chars in the reasoning"),
+    ("mb_replacement", "4 U+FFFD, 0 lone surrogates, 0 control chars, 0 mojibake runs in the "
+                       "answer"),
+    ("mb_token_bytes", "0 U+FFFD, 0 lone surrogates, 0 control chars, 0 mojibake runs in the "
+                       "answer; no repeating tail; 1 invalid UTF-8 sequences in "),
+    ("mb_reasoning", "1 U+FFFD, 0 lone surrogates, 0 control chars, 0 mojibake runs in the "
+                     "reasoning"),
+    ("mb_mojibake", "0 U+FFFD, 0 lone surrogates, 0 control chars, 1 mojibake runs in the "
+                    "answer"),
+    ("mb_loop", "; the answer ends repeating "),
 ])
 def test_a_fault_warns_naming_the_likely_cause(fault, counts):
     with fake_vllm.spawn(*FAST, "--answer-faults", fault) as fake:
@@ -62,11 +68,15 @@ def test_a_short_answer_is_inconclusive_not_clean():
 
 
 def test_a_server_that_refuses_logprobs_is_asked_again_without_them():
+    """The text is judged all the same, but with the byte check not run the answer is not
+    clean: inconclusive, the line says which check did not run."""
     with fake_vllm.spawn(*FAST, "--faults", "http400@1") as fake:
         code, line, _ = selfcheck.check(fake.url)
-    assert code == selfcheck.CLEAN and line.endswith("chars in the answer; token bytes not "
-                                                     "given; 466 chars, 98% of letters in the "
-                                                     "script")
+    assert code == selfcheck.INCONCLUSIVE
+    assert line.startswith("glm53: self-check inconclusive (token byte check not run: no token "
+                           "bytes given): one Korean answer"), line
+    assert "mojibake runs in the answer; no repeating tail; token byte check not run: no token " \
+           "bytes given; 480 chars, 99% of letters in the script" in line
 
 
 def test_no_server_is_one_line_and_not_a_verdict():
@@ -83,7 +93,11 @@ def test_the_api_key_is_sent_and_shown_nowhere(monkeypatch, capsys, tmp_path, so
     """From OPENAI_API_KEY, or from --api-key-file (how run.sh calls it with API_AUTH=key); a
     wrong key's 401 is one line naming where the key came from."""
     seen = []
-    answer = "가나다라마바사아자차카타파하 " * 40
+    # 450 Hangul syllables, none repeated, a word of nine and a space; each one token
+    answer = " ".join("".join(chr(0xAC00 + 13 * (9 * word + i)) for i in range(9))
+                      for word in range(50))
+    logprobs = {"content": [{"token": char, "logprob": 0.0, "bytes": list(char.encode())}
+                            for char in answer]}
 
     class Server(http.server.BaseHTTPRequestHandler):
         def reply(self, doc):
@@ -99,7 +113,8 @@ def test_the_api_key_is_sent_and_shown_nowhere(monkeypatch, capsys, tmp_path, so
 
         def do_POST(self):
             self.rfile.read(int(self.headers["Content-Length"]))
-            self.reply({"choices": [{"message": {"content": answer}, "finish_reason": "stop"}]})
+            self.reply({"choices": [{"message": {"content": answer}, "logprobs": logprobs,
+                                     "finish_reason": "stop"}]})
 
         def log_message(self, *args):
             pass

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from bench import probes
+from bench.probing import client, multibyte, serving, tool_cycles, tools, verdict
 from tests.fakes import fake_vllm
 from tests.timing import HANG_GUARD_S
 
@@ -97,12 +98,12 @@ def test_every_request_is_greedy_with_thinking_off(obedient):
 
 def test_second_turn_returns_the_servers_tool_call_and_its_result(obedient):
     _, _, requests = obedient
-    second = [r for r in requests if r.get("tools") == [probes.WEATHER_TOOL]][-1]["messages"]
+    second = [r for r in requests if r.get("tools") == [tools.WEATHER_TOOL]][-1]["messages"]
     assert [m["role"] for m in second] == ["user", "assistant", "tool"]
     call = second[1]["tool_calls"][0]
     assert call["function"] == {"name": "get_weather", "arguments": '{"location": "Paris"}'}
     assert second[2]["tool_call_id"] == call["id"]
-    assert json.loads(second[2]["content"]) == probes.WEATHER_RESULT
+    assert json.loads(second[2]["content"]) == tools.WEATHER_RESULT
 
 
 def test_needle_salt_and_passcode_differ_run_to_run(tmp_path):
@@ -164,19 +165,33 @@ FAILURES = [
     (("--answer-faults", "mb_replacement"), "multibyte", "fail",
      "0 clean, 11 faulty, 0 inconclusive of 11 runs; U+FFFD in the answer by run: 4, 4, 4, "),
     (("--answer-faults", "mb_surrogate"), "multibyte", "fail",
-     "first: run 1 ko-field: fault: 0 U+FFFD, 1 lone surrogates, 0 control chars in the answer"),
+     ("first: run 1 ko-field: fault: 0 U+FFFD, 1 lone surrogates, 0 control chars, 0 mojibake "
+      "runs in the answer")),
     (("--answer-faults", "mb_control"), "multibyte", "fail",
-     "ko-field: fault: 0 U+FFFD, 0 lone surrogates, 1 control chars in the answer"),
+     ("ko-field: fault: 0 U+FFFD, 0 lone surrogates, 1 control chars, 0 mojibake runs in the "
+      "answer")),
     (("--answer-faults", "mb_reasoning"), "multibyte", "fail",
-     "in the answer; 1 U+FFFD, 0 lone surrogates, 0 control chars in the reasoning"),
+     ("in the answer; 1 U+FFFD, 0 lone surrogates, 0 control chars, 0 mojibake runs in the "
+      "reasoning")),
     (("--answer-faults", "mb_token_bytes"), "multibyte", "fail",
-     ("ko-field: fault: 0 U+FFFD, 0 lone surrogates, 0 control chars in the answer; 1 invalid "
-      "UTF-8 sequences in ")),
+     ("ko-field: fault: 0 U+FFFD, 0 lone surrogates, 0 control chars, 0 mojibake runs in the "
+      "answer; no repeating tail; 1 invalid UTF-8 sequences in ")),
+    # one word of UTF-8 read as CP1252 (한국 as í•œêµ­) inside clean Korean or Japanese
+    (("--answer-faults", "mb_mojibake"), "multibyte", "fail",
+     ("0 clean, 11 faulty, 0 inconclusive of 11 runs; U+FFFD in the answer by run: 0, 0, 0, 0, "
+      "0, 0, 0, 0, 0, 0, 0; first: run 1 ko-field: fault: 0 U+FFFD, 0 lone surrogates, 0 "
+      "control chars, 1 mojibake runs in the answer; no repeating tail; 0 invalid UTF-8")),
+    # one sentence said 40 times to the end: the field's degenerate repetition
+    (("--answer-faults", "mb_loop"), "multibyte", "fail",
+     ("first: run 1 ko-field: fault: 0 U+FFFD, 0 lone surrogates, 0 control chars, 0 mojibake "
+      "runs in the answer; the answer ends repeating ' 이런 단위를 여러 층으로 쌓아 복잡한 관계를 "
+      "배웁니다. 신경망은' 40 times")),
     # tool cycles: markup, JSON, the arguments' round trip, a repeating tail, a call loop
     (("--answer-faults", "tool_markup_leak"), "tool_cycles", "fail",
-     ("0 of 4 cycles clean; 0 of 0 calls' JSON parsed, 0 round-tripped, 2 markup leak(s), 0 "
-      "repeating tail(s): ko-weather call: tool markup <tool_call> </tool_call> <arg_key> "
-      "</arg_key> <arg_value> </arg_value> in the content")),
+     ("0 of 4 cycles clean; 0 of 0 calls' JSON parsed, 0 round-tripped, 0 faulty text(s), 2 "
+      "markup leak(s), 0 repeating tail(s), 0 of 4 answers used the tool result: ko-weather "
+      "call: tool markup <tool_call> </tool_call> <arg_key> </arg_key> <arg_value> </arg_value> "
+      "in the content")),
     (("--answer-faults", "tool_broken_json"), "tool_cycles", "fail",
      "ko-weather call: get_weather arguments are not JSON: '{\"city\": \"서울특별'"),
     (("--answer-faults", "tool_changed_arguments"), "tool_cycles", "fail",
@@ -186,6 +201,28 @@ FAILURES = [
      "ko-weather answer 1: the content ends repeating ' 네, 저장했어요.' 12 times (121 chars)"),
     (("--answer-faults", "tool_again"), "tool_cycles", "fail",
      "ko-weather: still calling tools after 2 extra calls, no answer"),
+    # every text of a cycle judged whole: one U+FFFD in the answer after the tool result, one
+    # lone surrogate in its reasoning, one U+FFFD in the content streamed beside a call
+    (("--answer-faults", "tool_answer_replacement"), "tool_cycles", "fail",
+     ("0 of 4 cycles clean; 2 of 2 calls' JSON parsed, 2 round-tripped, 2 faulty text(s), 0 "
+      "markup leak(s), 0 repeating tail(s), 2 of 4 answers used the tool result: ko-weather "
+      "answer 1: 1 U+FFFD, 0 lone surrogates, 0 control chars, 0 mojibake runs in the content: "
+      "'도구 결\ufffd과를 확인했습니다: ")),
+    (("--answer-faults", "tool_reasoning_surrogate"), "tool_cycles", "fail",
+     ("ko-weather answer 1: 0 U+FFFD, 1 lone surrogates, 0 control chars, 0 mojibake runs in "
+      "the reasoning: '결과를 읽어 보면 \\ud83d 좋습니다.'")),
+    (("--answer-faults", "tool_call_content_replacement"), "tool_cycles", "fail",
+     ("ko-weather call: 1 U+FFFD, 0 lone surrogates, 0 control chars, 0 mojibake runs in the "
+      "content: '확인해 볼게요\ufffd.'")),
+    # the answer must use the tool's result: quote the number it returned
+    (("--answer-faults", "tool_answer_ok"), "tool_cycles", "fail",
+     ("0 of 4 cycles clean; 2 of 2 calls' JSON parsed, 2 round-tripped, 0 faulty text(s), 0 "
+      "markup leak(s), 0 repeating tail(s), 0 of 4 answers used the tool result: ko-weather: "
+      "the answer does not use the tool result (no 21, its temperature_c): 'OK.'; ja-weather: "
+      "the answer does not use the tool result (no 17, its temperature_c): 'OK.'")),
+    (("--answer-faults", "tool_result_ignored"), "tool_cycles", "fail",
+     ("ko-weather: the answer does not use the tool result (no 21, its temperature_c): "
+      "'I do not know the weather there.'")),
 ]
 
 
@@ -211,6 +248,13 @@ INCONCLUSIVE = [
      ("8 clean, 0 faulty, 3 inconclusive of 11 runs; ja-perceptron: inconclusive (off-language: "
       "0% of its letters in kana and kanji, under 60%)")),
     (("--faults", "http500@1"), ("10 clean, 0 faulty, 1 inconclusive of 11 runs; ")),
+    # logprobs given without their bytes: the byte check did not run, so no run is clean
+    (("--answer-faults", "mb_no_token_bytes"),
+     ("0 clean, 0 faulty, 11 inconclusive of 11 runs; token byte check not run on run(s) 1, 2, "
+      "3, 4, 5, 6, 7, 8, 9, 10, 11 (no token bytes given); ko-field: inconclusive (token byte "
+      "check not run: no token bytes given): 0 U+FFFD, 0 lone surrogates, 0 control chars, 0 "
+      "mojibake runs in the answer; no repeating tail; token byte check not run: no token bytes "
+      "given; ")),
 ]
 
 
@@ -243,15 +287,18 @@ def test_multibyte_reports_each_run_and_sends_the_fields_prompt_three_times(obed
     _, doc, requests = obedient
     details = doc["probes"]["multibyte"]["details"]
     runs = details["runs"]
-    assert [run["name"] for run in runs] == [name for name, _, _, count in probes.MULTIBYTE_RUNS
+    assert [run["name"] for run in runs] == [name for name, _, _, count in multibyte.MULTIBYTE_RUNS
                                              for _ in range(count)]
     assert [run["run"] for run in runs] == list(range(1, 12))
     for run in runs:
         assert run["verdict"] == "clean" and run["chars"] >= 400, run
         assert run["script_share"] >= 0.9 and run["token_bytes"]["invalid"] == 0
-        assert run["answer_faults"] == {"replacement": 0, "surrogates": 0, "controls": 0}
-        assert run["counts"].startswith("0 U+FFFD, 0 lone surrogates, 0 control chars in the "
-                                        "answer; 0 invalid UTF-8 sequences in ")
+        assert run["answer_faults"] == {"replacement": 0, "surrogates": 0, "controls": 0,
+                                        "mojibake": 0}
+        assert run["byte_check"] == "run" and run["answer_repeat"] is None
+        assert run["counts"].startswith("0 U+FFFD, 0 lone surrogates, 0 control chars, 0 "
+                                        "mojibake runs in the answer; no repeating tail; 0 "
+                                        "invalid UTF-8 sequences in ")
         assert f"{run['chars']} chars, " in run["shape"]
     assert all(run["emoji"] >= 5 for run in runs if run["language"] == "emoji")
     asked = [r for r in requests if r.get("logprobs")]
@@ -259,28 +306,43 @@ def test_multibyte_reports_each_run_and_sends_the_fields_prompt_three_times(obed
     assert [r["messages"][0]["content"] for r in asked].count(
         "한국어로 퍼셉트론과 신경망의 차이를 자세히 설명해 주세요. 최소 400자 이상으로 작성하세요.") == 3
     assert details["replacement"] == [0] * 11 and details["clean"] == 11
+    assert details["byte_check_not_run"] == []
+    assert doc["probes"]["multibyte"]["summary"] == (
+        "11 clean, 0 faulty, 0 inconclusive of 11 runs: no U+FFFD, lone surrogate, control "
+        "character, mojibake, repeating tail or invalid token byte, every run's token bytes "
+        "checked")
 
 
 def test_a_server_that_refuses_logprobs_is_asked_again_without_them(tmp_path):
+    """Its text is judged all the same, but the byte check did not run: the run is
+    inconclusive, not clean, and the probe's verdict names the run."""
     with fake_vllm.spawn(*FAST, "--faults", "http400@1") as fake:
         code, doc = _run("--base-url", fake.url, "--only", "multibyte", tmp_path=tmp_path)
-    runs = doc["probes"]["multibyte"]["details"]["runs"]
+    result = doc["probes"]["multibyte"]
+    runs = result["details"]["runs"]
     unchecked = [run for run in runs if run["note"]]
-    assert code == 0 and len(unchecked) == 1
+    assert code == 1 and result["status"] == "inconclusive" and len(unchecked) == 1
     assert unchecked[0]["note"] == ("logprobs refused (HTTP 400: fake: injected bad request): "
                                     "token bytes unchecked")
-    assert unchecked[0]["token_bytes"] is None and unchecked[0]["verdict"] == "clean"
-    assert unchecked[0]["counts"].endswith("token bytes not given")
+    assert unchecked[0]["token_bytes"] is None and unchecked[0]["verdict"] == "inconclusive"
+    assert unchecked[0]["byte_check"] == "not run"
+    assert unchecked[0]["counts"].endswith("token byte check not run: no token bytes given")
+    assert result["details"]["byte_check_not_run"] == [unchecked[0]["run"]]
+    assert result["summary"].startswith(
+        f"10 clean, 0 faulty, 1 inconclusive of 11 runs; token byte check not run on run(s) "
+        f"{unchecked[0]['run']} (no token bytes given); ")
 
 
 def test_tool_cycles_stream_pinned_non_ascii_calls_and_send_the_results_back(obedient):
     _, doc, requests = obedient
     details = doc["probes"]["tool_cycles"]["details"]
     assert (details["clean_cycles"], details["calls"], details["calls_parsed"],
-            details["round_trips"]) == (4, 4, 4, 4)
+            details["round_trips"], details["results_used"], details["text_faults"]) \
+        == (4, 4, 4, 4, 4, 0)
+    assert [c["expects"] for c in details["cycles"]] == ["21", "482", "17", "736"]
     assert [c["name"] for c in details["cycles"]] == ["ko-weather", "ko-note", "ja-weather",
                                                       "ja-note"]
-    cycles = [r for r in requests if r.get("tools") == probes.CYCLE_TOOLS]
+    cycles = [r for r in requests if r.get("tools") == tool_cycles.CYCLE_TOOLS]
     assert len(cycles) == 8 and all(r["stream"] for r in cycles)
     # the Korean conversation's last turn: both cycles, each call answered by its result
     last = [r for r in cycles if "서울" in r["messages"][0]["content"]][-1]["messages"]
@@ -318,7 +380,7 @@ def test_only_runs_the_chosen_probes_in_their_order(tmp_path):
     assert code == 0 and list(doc["probes"]) == ["counting", "thinking_off"]
     assert doc["settings"]["only"] == ["thinking_off", "counting"]
     assert [b["messages"][0]["content"] for b in _requests(log)] == [
-        probes.COUNT_QUESTION, probes.THINKING_QUESTION]
+        serving.COUNT_QUESTION, serving.THINKING_QUESTION]
 
 
 def test_unknown_probe_name_is_refused(capsys):
@@ -412,10 +474,10 @@ def test_prompt_too_short_for_the_needle_is_refused(capsys):
 
 
 def test_longest_run_finds_the_longest_stretch_anywhere():
-    assert probes.longest_run([]) == (0, None, None)
-    assert probes.longest_run([5]) == (1, 5, 5)
-    assert probes.longest_run([1, 2, 3, 9, 10, 11, 12, 2, 3]) == (4, 9, 12)
-    assert probes.longest_run([1, 2, 2, 3, 4]) == (3, 2, 4)
+    assert serving.longest_run([]) == (0, None, None)
+    assert serving.longest_run([5]) == (1, 5, 5)
+    assert serving.longest_run([1, 2, 3, 9, 10, 11, 12, 2, 3]) == (4, 9, 12)
+    assert serving.longest_run([1, 2, 2, 3, 4]) == (3, 2, 4)
 
 
 @pytest.mark.parametrize("message,shape,calls", [
@@ -425,24 +487,24 @@ def test_longest_run_finds_the_longest_stretch_anywhere():
     ({"content": None, "tool_calls": [{"id": "a"}]}, "list", [{"id": "a"}]),
 ])
 def test_parse_answer_reads_every_tool_calls_shape(message, shape, calls):
-    answer = probes.parse_answer({"choices": [{"message": message, "finish_reason": "stop"}]})
+    answer = client.parse_answer({"choices": [{"message": message, "finish_reason": "stop"}]})
     assert (answer.tool_calls_shape, answer.tool_calls) == (shape, calls)
     assert answer.content == (message["content"] or "")
 
 
 def test_parse_answer_without_a_message_is_a_probe_error():
-    with pytest.raises(probes.ProbeError, match=r"HTTP 200 without choices\[0\]\.message"):
-        probes.parse_answer({"object": "error", "message": "x"})
+    with pytest.raises(verdict.ProbeError, match=r"HTTP 200 without choices\[0\]\.message"):
+        client.parse_answer({"object": "error", "message": "x"})
 
 
 def test_needle_sizing_without_usage_falls_back_to_four_characters_a_token(monkeypatch):
     async def no_usage(target, text):
         return None
 
-    monkeypatch.setattr(probes, "_prompt_tokens_of", no_usage)
-    target = probes.Target(None, "http://unused", "m", 4096)
-    notes, sizing = asyncio.run(probes.size_needle_prompt(target))
-    prompt = probes.needle_prompt("s" * 20, "XXXX-XXXX", notes)
+    monkeypatch.setattr(serving, "_prompt_tokens_of", no_usage)
+    target = client.Target(None, "http://unused", "m", 4096)
+    notes, sizing = asyncio.run(serving.size_needle_prompt(target))
+    prompt = serving.needle_prompt("s" * 20, "XXXX-XXXX", notes)
     assert sizing["calibration"] == "estimated_4_chars"
     assert abs(len(prompt.text) / 4 / 4096 - 1) < 0.01
 
@@ -459,3 +521,16 @@ def test_the_command_runs_as_a_script_with_json_on_stdout():
     assert doc["probes"]["tool_call"]["passed"]
     assert "FAIL thinking_off: reasoning holds 37 chars" in result.stderr
     assert "probes: thinking_off ..." in result.stderr
+
+
+@pytest.mark.parametrize("answer,used", [
+    ("서울은 지금 21도이고 맑습니다.", True),
+    ("京都は今２１度で小雨です。", True),           # full-width digits, as Japanese may write
+    ("메모를 저장했어요 (번호 21).", True),
+    ("OK.", False),
+    ("2021년 기록으로는 맑았습니다.", False),      # inside a longer number
+    ("기온은 213도입니다.", False),
+    ("", False),
+])
+def test_the_answer_uses_the_result_when_it_quotes_its_number(answer, used):
+    assert tool_cycles.quotes(answer, "21") is used
