@@ -50,8 +50,9 @@ def relative(a, b) -> float:
 
 
 def intended_weight(shards) -> torch.Tensor:
-    return torch.cat([dequantize(s, torch.full((p.shape[0],), g, dtype=torch.float64,
-                                               device=p.device), p) for p, s, g in shards])
+    """float64 of the checkpoint's weights, made on the CPU (the probe's grid lives there)."""
+    return torch.cat([dequantize(s.cpu(), torch.full((p.shape[0],), g, dtype=torch.float64),
+                                 p.cpu()) for p, s, g in shards]).cuda()
 
 
 def prepared(vllm, config, kind, sizes, shards, bias, process, hidden):

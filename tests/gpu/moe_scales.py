@@ -461,13 +461,14 @@ def main(argv=None) -> int:
             return 2
     vllm = load_vllm()
     device = "cpu" if emulated else "cuda"
-    torch.set_default_device(device)
-    generator = torch.Generator(device=device).manual_seed(7)
-    x = torch.randn(TOKENS, HIDDEN, generator=generator, device=device).bfloat16()
+    # the experts are made on the CPU (seeded CPU generators), then moved
     cases = {"unequal": (*experts(probe.RATIOS, seed=0), probe.RATIOS),
              "equal": (*experts((1.0,) * probe.EXPERTS, 1), (1.0,) * probe.EXPERTS)}
     cases = {name: tuple(t.to(device) if torch.is_tensor(t) else t for t in data)
              for name, data in cases.items()}
+    torch.set_default_device(device)
+    generator = torch.Generator(device=device).manual_seed(7)
+    x = torch.randn(TOKENS, HIDDEN, generator=generator, device=device).bfloat16()
     result = {"tokens": TOKENS, "hidden": HIDDEN, "rows": ROWS, "exact_factor": EXACT_FACTOR,
               "emulated": emulated, "cases": {}}
     failed = []
