@@ -7,7 +7,9 @@ them all, ``weight_scale_2.max()``, leaving each shard's block scales as they ar
 exported with a smaller global decodes inflated by ``kept / own`` (vLLM logs once that "the
 global weight scale differs across parallel layers" and goes on). The output of a linear is
 linear in each shard's rows, so the exact repair is on the output: each shard's columns times
-``own / kept``, in float32, rounded once to the output's dtype, before the bias. A layer whose
+``own / kept``, in float32, rounded once to the output's dtype, before the bias. The bias is
+added from a copy taken before the kernel's own preparation (Marlin permutes the layer's bias
+into its tile order and adds it inside the GEMM), so the kernel runs without it. A layer whose
 shards share one global is not touched (bit-identical to stock vLLM); the decorators are no-ops
 on every layer without a global per shard.
 """
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 SCALE_ATTR = "glm53_shard_output_scale"  # per output column, float32: own / kept
+BIAS_ATTR = "glm53_shard_output_bias"  # the layer's bias as loaded, before a kernel reorders it
 
 
 @dataclass
@@ -77,6 +80,8 @@ def honour_shard_global_scales(process_weights_after_loading):
         if globals_ is not None and sizes is not None and globals_.numel() > 1 \
                 and globals_.dtype.is_floating_point:
             scale = shard_output_scale(globals_.data, list(sizes))
+        bias = getattr(layer, "bias", None)
+        loaded_bias = bias.detach().clone() if scale is not None and bias is not None else None
         result = process_weights_after_loading(self, layer, *args, **kwargs)
         if globals_ is not None and sizes is not None and globals_.numel() > 1:
             MODEL_REPORT.layers += 1
@@ -85,6 +90,8 @@ def honour_shard_global_scales(process_weights_after_loading):
                 raise RuntimeError("glm53_linear_scales: a gathered NVFP4 projection with unequal "
                                    "shard globals: its gather path would bypass the fix")
             layer.register_buffer(SCALE_ATTR, scale, persistent=False)
+            if loaded_bias is not None:
+                layer.register_buffer(BIAS_ATTR, loaded_bias, persistent=False)
             MODEL_REPORT.unequal += 1
             MODEL_REPORT.largest_ratio = max(MODEL_REPORT.largest_ratio,
                                              float(1 / scale.min()))
@@ -103,8 +110,11 @@ def scale_shard_outputs(apply):
         scale = getattr(layer, SCALE_ATTR, None)
         if scale is None:
             return apply(self, layer, x, bias, *args, **kwargs)
+        if bias is not None and bias is not getattr(layer, "bias", None):
+            raise RuntimeError("glm53_linear_scales: a bias other than the layer's own reached a "
+                               "merged linear with unequal shard globals; its layout is unknown")
         out = apply(self, layer, x, None, *args, **kwargs)
         out.mul_(scale)
-        return out if bias is None else out.add_(bias)
+        return out if bias is None else out.add_(getattr(layer, BIAS_ATTR))
 
     return wrapper

@@ -134,10 +134,10 @@ def main() -> int:
             scale = getattr(layer, helper.SCALE_ATTR, None)
             if plant == "factor" and scale is not None:
                 scale[sizes[0]:sizes[0] + sizes[1]] *= 1.01
-            if plant == "bias" and scale is not None:
-                out = stock_apply(method, layer, x, bias) * scale
-            else:
-                out = apply(method, layer, x, bias)
+            if plant == "bias" and scale is not None:  # the kernel adds the bias, then scaled
+                out = stock_apply(method, layer, x, layer.bias) * scale
+            else:  # the layer's own bias, as vLLM's LinearBase.forward passes it
+                out = apply(method, layer, x, layer.bias)
             outputs[run] = out
             doc[run] = probe.per_shard(out.double() - bias.double(), truth, sizes)
         over = {run: [s for s, e in enumerate(doc[run]) if e > bound[s]]

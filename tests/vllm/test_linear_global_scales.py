@@ -67,6 +67,7 @@ def test_the_plants_fail_and_the_fold_would_err_where_the_output_route_does_not(
         doc = cases[name]
         assert doc["factor_1pct_off"][1] == pytest.approx(0.01, rel=1e-3), name
         assert max(doc["scaled_after_bias"]) > 0.01, name
+        assert max(doc["bias_as_the_kernel_holds_it"]) > 0.01, name
         # the fold re-rounds every block scale of a shard whose ratio is not a power of two
         assert max(doc["fold_instead"]) > 0.01, name
     equal = cases["gate_up_equal"]

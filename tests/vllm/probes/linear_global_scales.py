@@ -10,8 +10,8 @@ scale x the one global vLLM kept). Prints one JSON line.
 Per layer and shard, the output's relative error against float64 of the checkpoint's intended
 weights (fp4 x block scale x that shard's own global): stock (the decorators' __wrapped__),
 fixed, and the fold a repair could do instead (each smaller shard's block scales re-rounded to
-E4M3 by own/kept), with plants the check must fail: one shard's factor 1% off, and the scale
-applied after the bias. Equal globals: stock and fixed outputs bit for bit.
+E4M3 by own/kept), with plants the check must fail: one shard's factor 1% off, the scale
+applied after the bias, and the bias added as the kernel holds it (reordered). Equal globals: stock and fixed outputs bit for bit.
 """
 
 from __future__ import annotations
@@ -34,10 +34,13 @@ CASES = {
 
 
 class KernelStandIn:
-    """The W4A16 NVFP4 kernel, emulated in float64 on the processed layer."""
+    """The W4A16 NVFP4 kernel, emulated in float64 on the processed layer. Like Marlin, it
+    keeps the layer's bias in an order of its own (here reversed) and restores it in the GEMM,
+    so a fix that added the layer's bias itself would be caught."""
 
     def process_weights_after_loading(self, layer):
-        return None
+        if getattr(layer, "bias", None) is not None:
+            layer.bias.data = layer.bias.data.flip(0)
 
     def input_quant_key(self):  # W4A16: no input quantization to expose
         return None
@@ -47,7 +50,7 @@ class KernelStandIn:
         kept = layer.weight_global_scale.double().reshape(1).expand(rows)
         weight = dequantize(layer.weight_scale, kept, layer.weight)
         out = x.double() @ weight.T
-        return out if bias is None else out + bias.double()
+        return out if bias is None else out + bias.flip(0).double()
 
 
 def shard_weights(sizes, amaxes, seed):
@@ -130,7 +133,8 @@ def main() -> None:
         runs = {"stock": (fixed_process.__wrapped__, fixed_apply.__wrapped__, None),
                 "fixed": (fixed_process, fixed_apply, None),
                 "factor_1pct_off": (fixed_process, fixed_apply, "factor"),
-                "scaled_after_bias": (fixed_process, fixed_apply, "bias")}
+                "scaled_after_bias": (fixed_process, fixed_apply, "bias"),
+                "bias_as_the_kernel_holds_it": (fixed_process, fixed_apply, "held_bias")}
         for run, (process, apply, plant) in runs.items():
             layer = build(linear, modelopt, config, kind, sizes)
             method = layer.quant_method
@@ -141,9 +145,11 @@ def main() -> None:
             if plant == "factor" and scale is not None:
                 scale[sizes[0]:sizes[0] + sizes[1]] *= 1.01  # the second shard's factor
             if plant == "bias" and scale is not None:  # the bias scaled with the GEMM
-                out = (method.kernel.apply_weights(layer, x, bias) * scale)
-            else:
-                out = apply(method, layer, x, bias)
+                out = (method.kernel.apply_weights(layer, x, layer.bias) * scale)
+            elif plant == "held_bias" and scale is not None:  # the kernel's reordered bias added
+                out = method.kernel.apply_weights(layer, x, None) * scale + layer.bias.double()
+            else:  # the layer's own bias, as vLLM's LinearBase.forward passes it
+                out = apply(method, layer, x, layer.bias)
             outputs[run] = out
             doc[run] = per_shard(out - bias.double(), intended, sizes)
             doc[f"{run}_scaled"] = scale is not None
