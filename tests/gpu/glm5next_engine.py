@@ -549,6 +549,8 @@ def run(doc: dict, payload: Path, out: Path) -> None:
     seen.aux_reference = lambda ids: tiny.tokenwise_forward(
         design.tensors["tokenwise"], ids.long(), experts=experts)["states"]
     doc["prompt_tokens"] = len(seen.prompt)
+    if (payload / "fi.json").is_file():  # part fi's JIT compile and kernel check
+        doc["flashinfer_jit"] = json.loads((payload / "fi.json").read_text())
     made = build(payload, out, servers, models, kv, eager)
     for name, server in made.items():
         seen.argv[name] = server.argv[3:]
