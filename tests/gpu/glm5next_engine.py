@@ -57,8 +57,11 @@ MAX_MODEL_LEN = int(tier.OVERRIDES["--max-model-len"][0])
 READY_TIMEOUT_S = 420  # ten Glm5Next servers compile and capture at once
 MARGIN_FLOOR_NATS = 0.1  # about 10x bf16's rounding of a logit of the live target's size
 ACCEPTANCE_FLOOR = 0.5  # of drafted tokens, for the designed drafter (issue 47)
-AUX_TOLERANCE = 0.03  # relative error of an aux hidden state row, bf16 engine vs float64
+# relative error of an aux hidden state row, bf16 engine vs float64: a bf16 emulation of the
+# forward on CPU errs up to 0.017 on rows the router decides by ROUTING_GAP (tests/vllm)
+AUX_TOLERANCE = 0.05
 AUX_APART = 3.0  # the tapped layer's float64 state is this many tolerances from the others
+AUX_MIN_ROWS = 16  # rows judged: the prompt's first rows whose routing float64 decides clearly
 GROUPS = "shared,mla,kda_o,kda_in,lm_head"
 RING = "GLM53_KPOOL_TAIL_FIX"
 ROUTE = "GLM53_MOE_SCALE_ROUTE"  # the MoE scale fix's route (exact or fold), read by v8's helper
@@ -163,7 +166,7 @@ class Observed:
     replies: dict[str, dict | str] = field(default_factory=dict)  # answer, or what went wrong
     logs: dict[str, list[str]] = field(default_factory=dict)
     aux: dict | str | None = None  # the drafted server's dump, or why there is none
-    aux_reference: object = None  # token ids -> float64 states [layers, T, hidden]
+    aux_reference: object = None  # token ids -> tiny.tokenwise_forward's float64 dict
 
 
 class Missing(Exception):
@@ -294,19 +297,26 @@ def _aux(seen: Observed) -> tuple[bool, dict]:
     if positions.tolist() != list(range(rows)) or ids.tolist() != seen.prompt[:rows]:
         return False, {"reason": "the dump is not the prompt's first rows",
                        "positions": positions.tolist()[:8], "ids": ids.tolist()[:8]}
-    states = seen.aux_reference(ids)  # [layers, rows, hidden] float64
+    reference = seen.aux_reference(ids)
+    states = reference["states"]  # [layers, rows, hidden] float64
+    # a row whose router nearly ties may take other experts in bf16: listed, not judged
+    judged = reference["routing_gap"] >= tiny.ROUTING_GAP
     if len(seen.aux["aux"]) != len(tiny.DRAFT_TAPS):
         return False, {"reason": f"{len(seen.aux['aux'])} aux states for taps {tiny.DRAFT_TAPS}"}
+    if int(judged.sum()) < AUX_MIN_ROWS:
+        return False, {"reason": f"{int(judged.sum())} rows routed clearly, "
+                                 f"{AUX_MIN_ROWS} needed"}
     errors, apart = {}, {}
     for got, tap in zip(seen.aux["aux"], tiny.DRAFT_TAPS):
-        truth = states[tap]
+        truth = states[tap][judged]
         norm = truth.norm(dim=-1)
-        errors[tap] = ((got.double() - truth).norm(dim=-1) / norm).max().item()
-        apart[tap] = min(((states[other] - truth).norm(dim=-1) / norm).min().item()
+        errors[tap] = ((got.double()[judged] - truth).norm(dim=-1) / norm).max().item()
+        apart[tap] = min(((states[other][judged] - truth).norm(dim=-1) / norm).min().item()
                          for other in range(states.shape[0]) if other != tap)
     ok = all(e <= AUX_TOLERANCE for e in errors.values()) and \
         all(a >= AUX_APART * AUX_TOLERANCE for a in apart.values())
-    return ok, {"rows": rows, "worst_relative_error": errors, "tolerance": AUX_TOLERANCE,
+    return ok, {"rows": rows, "judged_rows": int(judged.sum()),
+                "worst_relative_error": errors, "tolerance": AUX_TOLERANCE,
                 "nearest_other_layer": apart, "apart_at_least": AUX_APART * AUX_TOLERANCE}
 
 
@@ -547,7 +557,7 @@ def run(doc: dict, payload: Path, out: Path) -> None:
                     prompt=prompt_ids(payload / "models" / "margin-target", design.path[0]))
     experts = tiny.intended_experts(design.tensors["tokenwise"])
     seen.aux_reference = lambda ids: tiny.tokenwise_forward(
-        design.tensors["tokenwise"], ids.long(), experts=experts)["states"]
+        design.tensors["tokenwise"], ids.long(), experts=experts)
     doc["prompt_tokens"] = len(seen.prompt)
     if (payload / "fi.json").is_file():  # part fi's JIT compile and kernel check
         doc["flashinfer_jit"] = json.loads((payload / "fi.json").read_text())

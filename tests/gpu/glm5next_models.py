@@ -278,11 +278,8 @@ def intended_expert(tensors: dict[str, torch.Tensor], layer: int, expert: int) -
 def moe_float64(x: torch.Tensor, tensors: dict[str, torch.Tensor], layer: int) -> torch.Tensor:
     """The routed experts of LAYER in float64 on the checkpoint's intended weights: sigmoid
     scores, top-k renormalized, times routed_scaling_factor, SiLU(gate) x up, down."""
-    cfg = config("equal")
     x = x.double()
-    scores = torch.sigmoid(x @ tensors[f"model.layers.{layer}.mlp.gate.weight"].double().T)
-    weights, ids = scores.topk(TOPK, -1)
-    weights = weights / weights.sum(-1, keepdim=True) * cfg["routed_scaling_factor"]
+    weights, ids, _ = route(x, tensors[f"model.layers.{layer}.mlp.gate.weight"].double())
     out = torch.zeros_like(x)
     for expert in ids.unique().tolist():
         w = intended_expert(tensors, layer, expert)
@@ -378,6 +375,17 @@ def mhc_post_float64(x: torch.Tensor, streams: torch.Tensor, post: torch.Tensor,
     return torch.einsum("tij,tih->tjh", comb, streams) + post.unsqueeze(-1) * x.unsqueeze(1)
 
 
+def route(x: torch.Tensor, router: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """vLLM's grouped top-k as Glm5Next's config sets it (one group, sigmoid scores, top
+    TOPK renormalized, times routed_scaling_factor), in float64: (weights, expert ids, the gap
+    between the TOPK-th and the next score)."""
+    scores = torch.sigmoid(x @ router.T)
+    top, ids = scores.topk(TOPK + 1, -1)
+    weights = top[:, :TOPK] / top[:, :TOPK].sum(-1, keepdim=True)
+    return (weights * config("equal")["routed_scaling_factor"], ids[:, :TOPK],
+            top[:, TOPK - 1] - top[:, TOPK])
+
+
 def _swiglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,
             down: torch.Tensor) -> torch.Tensor:
     return (torch.nn.functional.silu(x @ gate.T) * (x @ up.T)) @ down.T
@@ -391,15 +399,21 @@ def intended_experts(tensors: dict[str, torch.Tensor]) -> dict[tuple[int, int], 
 
 
 def tokenwise_forward(tensors: dict[str, torch.Tensor], tokens: torch.Tensor,
-                      stock: bool = False, experts: dict | None = None
-                      ) -> dict[str, torch.Tensor]:
+                      stock: bool = False, experts: dict | None = None,
+                      rounding: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """The tokenwise checkpoint's forward in float64 for each token of TOKENS on its own
     (every attention output is zero, so nothing else enters): `states` [layers, T, hidden],
     each layer's completed and contracted output (what layer v10 captures for a drafter),
     `hidden` the final normed state [T, hidden], `routing_gap` [T] the smallest gap between
     the 2nd and 3rd expert scores over the MoE layers. STOCK reads each expert's up half
-    with its gate's global, as stock vLLM does. EXPERTS: intended_experts(tensors), if made."""
+    with its gate's global, as stock vLLM does. EXPERTS: intended_experts(tensors), if made.
+    ROUNDING (bfloat16): round what vLLM keeps in the model's dtype (the streams, each layer's
+    input and output) as it would, to estimate how far the engine's own answer may lie."""
     experts = experts or intended_experts(tensors)
+
+    def kept(value: torch.Tensor) -> torch.Tensor:
+        return value if rounding is None else value.to(rounding).double()
+
     w = {name: t.double() for name, t in tensors.items() if t.dtype is not torch.uint8}
     x = w["model.embed_tokens.weight"][tokens]
     streams = x.unsqueeze(1).expand(-1, STREAMS, -1)
@@ -409,20 +423,17 @@ def tokenwise_forward(tensors: dict[str, torch.Tensor], tokens: torch.Tensor,
         post, comb, _ = mhc_pre_float64(streams, w[f"{p}.hc_attn_fn"], w[f"{p}.hc_attn_scale"],
                                         w[f"{p}.hc_attn_base"])
         streams = mhc_post_float64(torch.zeros_like(x), streams, post, comb)  # attention: 0
+        streams = kept(streams)
         post, comb, inp = mhc_pre_float64(streams, w[f"{p}.hc_ffn_fn"], w[f"{p}.hc_ffn_scale"],
                                           w[f"{p}.hc_ffn_base"])
-        inp = _rms(inp) * w[f"{p}.post_attention_layernorm.weight"]
+        inp = kept(_rms(kept(inp)) * w[f"{p}.post_attention_layernorm.weight"])
         m = f"{p}.mlp"
         if mlp == "dense":
             out = _swiglu(inp, w[f"{m}.gate_proj.weight"], w[f"{m}.up_proj.weight"],
                           w[f"{m}.down_proj.weight"])
         else:
-            scores = torch.sigmoid(inp @ w[f"{m}.gate.weight"].T)
-            top, ids = scores.topk(TOPK + 1, -1)
-            gaps.append(top[:, TOPK - 1] - top[:, TOPK])
-            weights, ids = top[:, :TOPK], ids[:, :TOPK]
-            weights = weights / weights.sum(-1, keepdim=True) * config("equal")[
-                "routed_scaling_factor"]
+            weights, ids, gap = route(inp, w[f"{m}.gate.weight"])
+            gaps.append(gap)
             out = _swiglu(inp, w[f"{m}.shared_experts.gate_proj.weight"],
                           w[f"{m}.shared_experts.up_proj.weight"],
                           w[f"{m}.shared_experts.down_proj.weight"])
@@ -436,9 +447,9 @@ def tokenwise_forward(tensors: dict[str, torch.Tensor], tokens: torch.Tensor,
                 rows, slot = (ids == expert).nonzero(as_tuple=True)
                 out = out.index_add(0, rows, _swiglu(inp[rows], e["gate_proj"], e["up_proj"],
                                                      e["down_proj"]) * weights[rows, slot, None])
-        streams = mhc_post_float64(out, streams, post, comb)
-        states.append(streams.mean(1))
-    hidden = _rms(states[-1]) * w["model.norm.weight"]
+        streams = kept(mhc_post_float64(kept(out), streams, post, comb))
+        states.append(kept(streams.mean(1)))
+    hidden = kept(_rms(states[-1]) * w["model.norm.weight"])
     return {"states": torch.stack(states), "hidden": hidden,
             "routing_gap": torch.stack(gaps, 1).amin(1)}
 

@@ -250,9 +250,12 @@ def passing_run(exact_route: bool = True) -> part_d.Observed:
     prompt = list(range(part_d.PROMPT_TOKENS - 1)) + [path[0]]
     generator = torch.Generator().manual_seed(0)
     states = torch.randn(LAYERS, 700, HIDDEN, generator=generator, dtype=torch.float64)
+    gaps = torch.full((700,), 0.5, dtype=torch.float64)
+    gaps[3] = 0.0  # a row the router nearly ties: not judged
     seen = part_d.Observed(servers=servers, kv="fp8", prompt=prompt, design={
         "path": path, "flip_at": flip_at, "stock_choice": stock_choice})
-    seen.aux_reference = lambda ids: states[:, ids.long()]
+    seen.aux_reference = lambda ids: {"states": states[:, ids.long()],
+                                      "routing_gap": gaps[ids.long()]}
     rows = engine_hooks.AUX_ROWS
     seen.aux = {"aux": [states[tap, :rows] * 1.001 for tap in tiny.DRAFT_TAPS],
                 "input_ids": torch.tensor(prompt[:rows]), "positions": torch.arange(rows)}
@@ -366,10 +369,11 @@ def corrupt(change):
      "drafted: acceptance per position as designed"),
     (lambda s: s.replies["drafted"].update(accepted=38),
      "drafted: acceptance at least 0.5 of drafted tokens"),
-    # the aux states 4% off in one row, or the wrong layer tapped, or not the prompt's rows
-    (lambda s: s.aux["aux"][0][3].mul_(1.04),
+    # the aux states 6% off in one judged row, or the wrong layer tapped, or not the prompt's
+    (lambda s: s.aux["aux"][0][4].mul_(1.06),
      "drafted: the drafter's aux hidden states are the target's layers 1 and 3 (float64)"),
-    (lambda s: s.aux.update(aux=[s.aux_reference(s.aux["input_ids"])[2], s.aux["aux"][1]]),
+    (lambda s: s.aux.update(aux=[s.aux_reference(s.aux["input_ids"])["states"][2],
+                                 s.aux["aux"][1]]),
      "drafted: the drafter's aux hidden states are the target's layers 1 and 3 (float64)"),
     (lambda s: s.aux.update(positions=s.aux["positions"] + 1),
      "drafted: the drafter's aux hidden states are the target's layers 1 and 3 (float64)"),
@@ -397,6 +401,15 @@ def corrupt(change):
 ])
 def test_the_smallest_corruption_of_any_answer_fails_its_check(change, fails):
     assert fails in corrupt(change)
+
+
+def test_an_aux_row_the_router_nearly_ties_is_listed_not_judged():
+    seen = passing_run()
+    seen.aux["aux"][1][3].mul_(2.0)  # row 3: routing gap 0 in float64
+    check = "drafted: the drafter's aux hidden states are the target's layers 1 and 3 (float64)"
+    assert check not in failed(seen)
+    result = next(r for r in part_d.evaluate(seen) if r["check"] == check)
+    assert result["judged_rows"] == engine_hooks.AUX_ROWS - 1
 
 
 def test_the_designed_acceptance_allows_the_last_step_only():
