@@ -80,7 +80,8 @@ ENV_ADDED = {
                                 "load under this machine's torch"),
 }
 DEVIATIONS = {
-    **{flag: reason for flag, (_, reason) in tier.OVERRIDES.items()},
+    **{flag: reason.replace("nine servers", "part d's servers")
+       for flag, (_, reason) in tier.OVERRIDES.items()},
     **{name: reason for name, (_, reason) in tier.ENV_OVERRIDES.items()
        if name != "VLLM_USE_FLASHINFER_SAMPLER"},
     "VLLM_USE_FLASHINFER_SAMPLER": "0: greedy answers only; FlashInfer's sampler would "

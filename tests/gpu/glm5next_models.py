@@ -34,7 +34,9 @@ q_a_proj and kv_a_proj_with_mqa, wk and weights_proj, KDA's six input projection
 experts per expert); tests/vllm/test_glm5next_tiny.py loads them into vLLM 0.30.0's own
 Glm5NextForCausalLM on CPU, every parameter of it filled.
 
-    python3 tests/gpu/glm5next_models.py OUT_DIR equal|unequal|tokenwise|twin|drafter [TOKENIZER_DIR]
+    python3 tests/gpu/glm5next_models.py OUT_DIR VARIANT|drafter [TOKENIZER_DIR]
+
+(VARIANT: equal, unequal, tokenwise or twin.)
 """
 
 from __future__ import annotations
