@@ -479,10 +479,24 @@ def run(doc: dict, helper=None, device: str = "cuda",
                     doc["faults"].append(layout_fault(helper, fault, w, generator, device, graph))
                     log(f"fault '{fault}': error/bound {doc['faults'][-1]['worst']:.3g}")
             del w
-    doc["passed"] = all(f["passed"] for s in doc["shapes"].values()
-                        for f in s["formats"].values()) and \
-        len(doc["faults"]) == len(LAYOUT_FAULTS) and \
-        all(f["failed_as_it_should"] for f in doc["faults"])
+    doc["passed"] = verdict(doc, shapes)
+
+
+def verdict(doc: dict, shapes: dict[str, tuple[int, int]] = GPU_SHAPES) -> bool:
+    """Passed only when every planned (linear, format) of SHAPES was checked at every M with
+    at least one plant, all passed (plants failing), and every layout fault failed: a run
+    that judged less than planned fails."""
+    planned = {(case.linear, case.label) for case in cases(shapes)}
+    entries = {(name, label): entry for name, shape in doc.get("shapes", {}).items()
+               for label, entry in shape.get("formats", {}).items()}
+    complete = set(entries) == planned and all(
+        len(entry["checks"]) == len(ROWS) and entry["plants"] and
+        all(len(runs) == len(ROWS) for runs in entry["plants"].values())
+        for entry in entries.values())
+    faults = doc.get("faults", [])
+    return complete and all(entry["passed"] for entry in entries.values()) and \
+        sorted(f["fault"] for f in faults) == sorted(LAYOUT_FAULTS) and \
+        all(f["failed_as_it_should"] for f in faults)
 
 
 def _stopped(signum, _frame):

@@ -130,6 +130,10 @@ def paged_keys(kv_cache: torch.Tensor, dim: int, fp4: bool) -> torch.Tensor:
 def fp8_fp4_paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables,
                              schedule_metadata, max_model_len: int, clean_logits: bool,
                              indices: torch.Tensor | None = None) -> torch.Tensor:
+    """Capturable in a CUDA graph: every shape follows from the arguments' shapes alone (each
+    request's whole block table is read and masked by its limits), and no value goes to the
+    host; the contract check on the limits is a host check outside capture and a device
+    assertion inside it."""
     del schedule_metadata  # work distribution across SMs: no bearing on the values
     if indices is not None:
         raise ContractError("indices (varlen rows) is outside this stand-in's contract")
@@ -137,30 +141,39 @@ def fp8_fp4_paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables,
     if qf.dim() != 4:
         raise ContractError(f"paged Q: {qf.dim()} dims, expected [B, next_n, H, D]")
     batch, next_n, heads, dim = qf.shape
-    pages = paged_keys(kv_cache, dim, fp4=q[1] is not None)
-    block_size = pages.shape[1]
+    if weights.dtype != torch.float32 or tuple(weights.shape) != (batch * next_n, heads):
+        raise ContractError(f"weights: {tuple(weights.shape)} {weights.dtype}, expected "
+                            f"{(batch * next_n, heads)} float32")
     if context_lens.dim() == 1:
         last = context_lens.to(torch.int64)[:, None]
         limits = last - next_n + 1 + torch.arange(next_n, device=last.device)[None, :]
     else:
         limits = context_lens.to(torch.int64).reshape(batch, next_n)
-    if int(limits.max()) > max_model_len:
+    if _capturing(qf):
+        torch._assert_async((limits <= max_model_len).all(),
+                            "paged MQA logits: a context exceeds max_model_len")
+    elif int(limits.max()) > max_model_len:
         raise ContractError(f"a context of {int(limits.max())} exceeds max_model_len "
                             f"{max_model_len}")
+    num_blocks, block_size = kv_cache.shape[:2]
+    width = block_tables.shape[1]
+    # each request's pages in table order (entries past its context are masked below)
+    table = block_tables.to(torch.int64).clamp(0, num_blocks - 1)
+    pages = paged_keys(kv_cache[table.reshape(-1)], dim, fp4=q[1] is not None)
+    columns = min(width * block_size, max_model_len)
+    context = pages.reshape(batch, width * block_size, dim)[:, :columns]
+    per_head = torch.einsum("bjhd,bnd->bjhn", qf, context).relu()
+    scores = (per_head * weights.reshape(batch, next_n, heads, 1)).sum(2)
     fill = -torch.inf if clean_logits else UNWRITTEN
+    inside = torch.arange(columns, device=qf.device)[None, None, :] < limits[:, :, None]
     logits = torch.full((batch * next_n, max_model_len), fill, dtype=torch.float32,
                         device=qf.device)
-    rows_weights = weights.reshape(batch, next_n, heads)
-    for b in range(batch):
-        longest = int(limits[b].max())
-        if longest <= 0:
-            continue
-        used = -(-longest // block_size)
-        context = pages[block_tables[b, :used].long()].reshape(-1, dim)[:longest]
-        scores = weighted_scores(qf[b], context, rows_weights[b])
-        inside = torch.arange(longest, device=qf.device)[None, :] < limits[b][:, None]
-        logits[b * next_n:(b + 1) * next_n, :longest] = scores.masked_fill(~inside, fill)
+    logits[:, :columns] = scores.masked_fill(~inside, fill).reshape(batch * next_n, columns)
     return logits
+
+
+def _capturing(tensor: torch.Tensor) -> bool:
+    return tensor.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 def get_paged_mqa_logits_metadata(context_lens, block_size, num_sms, indices=None):

@@ -1,12 +1,15 @@
 """What the GPU tier carries to the GPU machine, built here from pinned sources, and its
 install there.
 
-    python -m tests.gpu.payload pack [DIR]         (here: needs PyPI; DIR default .gpu-payload)
-    python3 tests/gpu/payload.py install PART DIR  (there: no network)
+    python -m tests.gpu.payload pack [DIR]                   (here: needs PyPI; DIR default
+                                                              .gpu-payload)
+    python3 tests/gpu/payload.py install PART DIR [SENT]    (there: no network)
 
 The GPU machine has torch 2.11 (CUDA 13), Triton and transformers but no vLLM, and takes at
-most 64 MiB a call; so the payload is three parts, each sent with one call, the later ones
-while the machine is still warm:
+most 64 MiB a call; so the payload is four parts, each sent with one call, the later ones
+while the machine is still warm. Sending one part's folder replaces the whole sent folder
+there, so `install` first copies the part from SENT (the carried .gpu-payload) into DIR
+(GLM53_GPU_PAYLOAD, outside it) and installs from that copy:
 
 - part `a`: vLLM 0.30.0's tree from its pinned wheel (Python files and data, no compiled
   libraries) with layers v9 (provided by the release), v10, v11, v11_dflash_block_drop, v13 and
@@ -19,10 +22,13 @@ while the machine is still warm:
   3, xz-compressed.
 - part `moe`: `_moe_C_stable_libtorch.abi3.so` (the fused MoE's ops: Marlin MoE's block
   alignment, top-k), xz-compressed: without it no MoE layer runs (about 38 MB: no room in a or b).
+- part `fi`: the FlashInfer wheel vLLM 0.30.0 pins (tests/gpu/requirements-fi.txt, checked
+  against the vLLM wheel's METADATA), for FP8 KV through FLASHINFER_MLA_SPARSE_SM90; installed
+  into DIR/flashinfer-site, on part d's servers' path alone.
 
-Installing puts the tree in DIR/tree and the packages in DIR/site, both beside the parts
-(ignored by git, so a warm machine keeps them between calls). A part over its share of the
-64 MiB is refused at pack time, naming its size.
+Installing puts the tree in DIR/tree and the packages in DIR/site, beside the parts' copies
+(DIR is outside the sent folder, so a warm machine keeps them between calls). A part over its
+share of the 64 MiB is refused at pack time, naming its size.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import hashlib
 import json
 import lzma
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -48,6 +55,8 @@ VERSION = "0.30.0"
 LAYERS = ("v8_moe_scales", "v8_linear_scales", "v9", "v10", "v11", "v11_dflash_block_drop", "v13",
           "v13_weights")
 LOCK = Path(__file__).with_name("requirements.txt")
+FI_LOCK = Path(__file__).with_name("requirements-fi.txt")  # part fi's FlashInfer
+FLASHINFER_SITE = "flashinfer-site"  # tests/gpu/glm5next_engine.py reads the same name
 CALL_LIMIT = 64 << 20  # what one call of the device tool carries, the repository included
 PART_A_SO = ("vllm/_flashmla_C.abi3.so", "vllm/_flashmla_extension_C.abi3.so",
              "vllm/_deepselect_C.abi3.so", "vllm/_flashkda_C.abi3.so",
@@ -56,7 +65,7 @@ PART_B_SO = ("vllm/_C_stable_libtorch.abi3.so", "vllm/vllm_flash_attn/_vllm_fa3_
 PART_MOE_SO = ("vllm/_moe_C_stable_libtorch.abi3.so",)
 # the parts' compiled libraries, each part's installed after part a's tree
 LIBRARY_PARTS = {"b": PART_B_SO, "moe": PART_MOE_SO}
-PARTS = ("a", *LIBRARY_PARTS)
+PARTS = ("a", *LIBRARY_PARTS, "fi")
 # left out of the tree: compiled libraries (carried one by one above or not at all), C++
 # headers for kernels compiled at run time by other backends, the wheel's Rust front end
 LEFT_OUT = (".so",)
@@ -139,7 +148,7 @@ def libraries(wheel: Path, names: tuple[str, ...], out: Path) -> int:
     return out.stat().st_size
 
 
-def wheels(out: Path) -> None:
+def wheels(out: Path, lock: Path = LOCK) -> None:
     out.mkdir(parents=True)
     platforms = [arg for n in (17, 24, 26, 27, 28, 31, 34, 35, 38, 39)
                  for arg in ("--platform", f"manylinux_2_{n}_x86_64")]
@@ -147,10 +156,31 @@ def wheels(out: Path) -> None:
         [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
          "--no-deps", "--only-binary=:all:", "--python-version", "3.12", "--implementation",
          "cp", *platforms, "--platform", "manylinux2014_x86_64", "--require-hashes", "-r",
-         str(LOCK), "-d", str(out)], capture_output=True, text=True, check=False)
+         str(lock), "-d", str(out)], capture_output=True, text=True, check=False)
     if done.returncode:
-        raise PayloadError(f"pip download -r {LOCK.relative_to(REPO_ROOT)} failed: "
+        raise PayloadError(f"pip download -r {lock.relative_to(REPO_ROOT)} failed: "
                            f"{(done.stderr or done.stdout).strip().splitlines()[-1:]}")
+
+
+def flashinfer_pin() -> str:
+    """The FlashInfer version FI_LOCK pins (its one requirement line)."""
+    pinned = re.search(r"^flashinfer-python==(\S+) ", FI_LOCK.read_text(), re.MULTILINE)
+    if not pinned:
+        raise PayloadError(f"{FI_LOCK.relative_to(REPO_ROOT)}: no flashinfer-python line")
+    return pinned.group(1)
+
+
+def flashinfer_pin_matches(wheel: Path) -> str:
+    """The FlashInfer version of FI_LOCK, refused unless the vLLM wheel requires exactly it."""
+    pinned = flashinfer_pin()
+    with zipfile.ZipFile(wheel) as archive:
+        metadata = archive.read(f"vllm-{VERSION}.dist-info/METADATA").decode()
+    wanted = re.search(r"^Requires-Dist: flashinfer-python==(\S+)\s*$", metadata, re.MULTILINE)
+    if not wanted or pinned != wanted.group(1):
+        raise PayloadError(f"{FI_LOCK.relative_to(REPO_ROOT)}: flashinfer-python {pinned}, but "
+                           f"{wheel.name} requires {wanted and wanted.group(1)}; pin the one "
+                           f"vLLM {VERSION} requires")
+    return pinned
 
 
 def models(out: Path) -> dict[str, str]:
@@ -206,6 +236,8 @@ def pack(out: Path) -> dict:
     for part, names in LIBRARY_PARTS.items():
         libraries(wheel, names, out / part / "libraries.tar.xz")
     wheels(part_a / "wheels")
+    manifest["flashinfer"] = flashinfer_pin_matches(wheel)
+    wheels(out / "fi" / "wheels", FI_LOCK)
     with tempfile.TemporaryDirectory() as scratch:
         manifest["models"] = models(Path(scratch))
         tar_xz(part_a / "models.tar.xz", Path(scratch), list(MODELS))
@@ -228,11 +260,32 @@ def pack(out: Path) -> dict:
 # ----------------------------------------------------------------------------- install (there)
 
 
-def install(part: str, root: Path) -> None:
-    source = root / part
-    if not source.is_dir():
-        raise PayloadError(f"{source}: no part {part} here; send it with the call "
+def _pip_target(wheels: list[Path], target: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
+         "--no-compile", "--no-cache-dir", "--disable-pip-version-check", "--target",
+         str(target), *map(str, wheels)], capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise PayloadError(f"pip install into {target} failed: {done.stderr[-800:]}")
+
+
+def receive(part: str, root: Path, sent: Path | None) -> Path:
+    """ROOT/PART, first replaced by SENT/PART where this call carried it (the sent folder is
+    replaced by the next call's, ROOT is not)."""
+    kept = root / part
+    if sent is not None and (sent / part).is_dir():
+        if kept.exists():
+            shutil.rmtree(kept)
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(sent / part, kept)
+    if not kept.is_dir():
+        raise PayloadError(f"{kept}: no part {part} here; send it with the call "
                            f"(carry .gpu-payload/{part}), part a first")
+    return kept
+
+
+def install(part: str, root: Path, sent: Path | None = None) -> None:
+    source = receive(part, root, sent)
     tree = root / "tree"
     if part == "a":
         for stale in (tree, root / "site", root / "models"):
@@ -241,19 +294,16 @@ def install(part: str, root: Path) -> None:
                               ("models.tar.xz", root / "models")):
             with tarfile.open(source / archive) as opened:
                 opened.extractall(into, filter="data")
-        done = subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
-             "--no-compile", "--no-cache-dir", "--disable-pip-version-check", "--target",
-             str(root / "site"), *map(str, sorted((source / "wheels").glob("*.whl")))],
-            capture_output=True, text=True, check=False)
-        if done.returncode:
-            raise PayloadError(f"pip install of part a's wheels failed: {done.stderr[-800:]}")
+        _pip_target(sorted((source / "wheels").glob("*.whl")), root / "site")
         for name in LAUNCHERS:
             shutil.copyfile(source / name, root / name)
+    elif not (tree / "vllm" / "__init__.py").is_file():
+        raise PayloadError(f"{tree}: part a is not installed (the machine went cold "
+                           f"between the calls?); send part a again, then part {part}")
+    elif part == "fi":
+        shutil.rmtree(root / FLASHINFER_SITE, ignore_errors=True)
+        _pip_target(sorted((source / "wheels").glob("*.whl")), root / FLASHINFER_SITE)
     else:
-        if not (tree / "vllm" / "__init__.py").is_file():
-            raise PayloadError(f"{tree}: part a is not installed (the machine went cold "
-                               f"between the calls?); send part a again, then part {part}")
         with tarfile.open(source / "libraries.tar.xz") as opened:
             opened.extractall(tree, filter="data")
     log(f"installed part {part} under {root}")
@@ -268,12 +318,13 @@ def main(argv: list[str] | None = None) -> int:
     installing = sub.add_parser("install")
     installing.add_argument("part", choices=PARTS)
     installing.add_argument("dir", type=Path)
+    installing.add_argument("sent", type=Path, nargs="?")
     args = parser.parse_args(argv)
     try:
         if args.command == "pack":
             pack(args.dir)
         else:
-            install(args.part, args.dir)
+            install(args.part, args.dir, args.sent)
     except PayloadError as error:
         print(f"gpu payload: {error}", file=sys.stderr)
         return 2

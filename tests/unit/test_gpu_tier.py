@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import tarfile
 
@@ -200,7 +201,7 @@ def test_a_library_part_installs_into_part_a_tree_and_refuses_before_it(tmp_path
     (root / "tree" / "vllm" / "__init__.py").write_text("")
     payload.install("moe", root)
     assert (root / "tree" / payload.PART_MOE_SO[0]).read_bytes() == b"\x7fELF"
-    assert payload.PARTS == ("a", "b", "moe")
+    assert payload.PARTS[:3] == ("a", "b", "moe")
 
 
 @pytest.mark.parametrize("stage", ["b", "d"])
@@ -215,3 +216,145 @@ def test_parts_b_and_d_refuse_before_the_moe_library_is_installed(tmp_path, stag
                           env={**os.environ, "GLM53_GPU_PAYLOAD": str(root), "OUT": str(tmp_path)})
     assert done.returncode == 2, done.stderr
     assert "part moe is not installed here: send it first" in done.stderr
+
+
+# ----------------------------------------------------------------------------- issue 47
+
+
+def test_part_c_passes_only_with_every_planned_check():
+    """An engine run that judged nothing, or less than planned, fails: each planned check
+    that did not run is recorded as failed by name (tests/gpu/engine.py, issue 47)."""
+    from tests.gpu import engine
+
+    results = []
+    assert not engine.verdict(results)
+    assert [r["check"] for r in results] == engine.planned_checks()
+    assert all(r["missing"] and not r["passed"] for r in results)
+    everything = [{"check": name, "passed": True} for name in engine.planned_checks()]
+    assert engine.verdict(list(everything))
+    assert not engine.verdict(everything[1:])
+    assert engine.verdict(everything + [{"acceptance_length": {}}])  # a record, not a check
+
+
+def test_part_c_fails_with_no_answers():
+    from tests.gpu import engine
+
+    results = []
+    engine.margin_checks(results, {}, [1, 0])
+    assert not engine.verdict(results)
+
+
+def test_part_c_fails_when_one_server_errs():
+    """answers_or_error's string (an HTTP 400) leaves the server out of `got`: its checks
+    fail, and so does the run."""
+    from tests.gpu import engine
+
+    answer = {"ids": [0, 1, 0], "min_margin": 5.0, "drafts": 2, "draft_tokens": 2 * engine.K,
+              "per_position": [2, 2, 0], "rates": [1.0, 1.0, 0.0]}
+    got = {name: [dict(answer)] for name in engine.MARGIN if name != "tau-0.3"}
+    results = []
+    engine.margin_checks(results, got, [1, 0])
+    failed = [r["check"] for r in results if "check" in r and not r["passed"]]
+    assert "every margin server booted" in failed
+    assert not engine.verdict(results)
+
+
+def test_kernels_pass_only_when_every_planned_case_and_fault_was_judged():
+    from tests.gpu import kernels
+
+    shapes = dict(list(kernels.GPU_SHAPES.items())[:2])
+    run = [{"m": m, "passed": True} for m in kernels.ROWS]
+    planted = [{"m": m, "passed": False} for m in kernels.ROWS]
+    doc = {"shapes": {name: {"formats": {label: {
+        "checks": list(run), "plants": {"x1.01": list(planted)}, "passed": True}
+        for label in kernels.FORMATS}} for name in shapes},
+        "faults": [{"fault": f, "failed_as_it_should": True} for f in kernels.LAYOUT_FAULTS]}
+    assert kernels.verdict(doc, shapes)
+    assert not kernels.verdict({}, shapes)
+    assert not kernels.verdict({"shapes": {}, "faults": doc["faults"]}, shapes)
+    for corrupt in (
+            lambda d: d["shapes"][next(iter(shapes))]["formats"].popitem(),
+            lambda d: d["shapes"][next(iter(shapes))]["formats"]["int8-g64"].update(plants={}),
+            lambda d: d["shapes"][next(iter(shapes))]["formats"]["int8-g64"]["checks"].pop(),
+            lambda d: d["faults"].pop(),
+            lambda d: d["shapes"][next(iter(shapes))]["formats"]["int8-g64"].update(
+                passed=False)):
+        broken = json.loads(json.dumps(doc))
+        corrupt(broken)
+        assert not kernels.verdict(broken, shapes)
+
+
+def wheel(path, name: str) -> None:
+    """A minimal pure-Python wheel that pip installs offline."""
+    import zipfile
+
+    dist = f"{name}-1.0.dist-info"
+    files = {f"{name}/__init__.py": "", f"{dist}/METADATA":
+             f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n",
+             f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                              "Tag: py3-none-any\n"}
+    files[f"{dist}/RECORD"] = "".join(f"{f},,\n" for f in files) + f"{dist}/RECORD,,\n"
+    with zipfile.ZipFile(path / f"{name}-1.0-py3-none-any.whl", "w") as archive:
+        for name_in, text in files.items():
+            archive.writestr(name_in, text)
+
+
+def test_each_part_is_kept_outside_the_sent_folder(tmp_path):
+    """A call that carries .gpu-payload/fi replaces the whole sent folder there: install
+    copies the part into the payload folder first, so part moe sent earlier stays installed
+    and a later call may install from the kept copy."""
+    from tests.gpu import payload
+
+    sent, root = tmp_path / "sent", tmp_path / "home" / "glm53-gpu"
+    (root / "tree" / "vllm").mkdir(parents=True)
+    (root / "tree" / "vllm" / "__init__.py").write_text("")
+    library = tmp_path / "lib" / payload.PART_MOE_SO[0]
+    library.parent.mkdir(parents=True)
+    library.write_bytes(b"\x7fELF")
+    (sent / "moe").mkdir(parents=True)
+    with tarfile.open(sent / "moe" / "libraries.tar.xz", "w:xz") as archive:
+        archive.add(library, arcname=payload.PART_MOE_SO[0])
+    payload.install("moe", root, sent)
+    shutil.rmtree(sent / "moe")  # the next call's carry replaces the whole sent folder
+    (sent / "fi" / "wheels").mkdir(parents=True)
+    wheel(sent / "fi" / "wheels", "fakefi")
+    payload.install("fi", root, sent)
+    assert (root / payload.FLASHINFER_SITE / "fakefi" / "__init__.py").is_file()
+    assert (root / "tree" / payload.PART_MOE_SO[0]).read_bytes() == b"\x7fELF"
+    payload.install("moe", root, sent)  # from the kept copy
+    assert (root / "moe" / "libraries.tar.xz").is_file()
+    assert payload.PARTS == ("a", "b", "moe", "fi")
+    with pytest.raises(payload.PayloadError, match="no part b here"):
+        payload.install("b", root, sent)
+
+
+def test_part_fi_pins_the_flashinfer_vllm_requires(tmp_path):
+    import zipfile
+
+    from tests.gpu import payload
+
+    pinned = payload.flashinfer_pin()
+    for required, ok in ((pinned, True), ("0.6.17", False)):
+        fake = tmp_path / f"vllm-{required}.whl"
+        with zipfile.ZipFile(fake, "w") as archive:
+            archive.writestr(f"vllm-{payload.VERSION}.dist-info/METADATA",
+                             f"Name: vllm\nRequires-Dist: flashinfer-python=={required}\n")
+        if ok:
+            assert payload.flashinfer_pin_matches(fake) == pinned
+        else:
+            with pytest.raises(payload.PayloadError, match="requires 0.6.17"):
+                payload.flashinfer_pin_matches(fake)
+
+
+def test_part_d_refuses_without_part_fi_unless_bf16_kv_is_named(tmp_path):
+    from tests.unit.test_launcher_support import REPO
+
+    root = tmp_path / "payload"
+    (root / "tree" / "vllm").mkdir(parents=True)
+    for name in ("_C_stable_libtorch.abi3.so", "_moe_C_stable_libtorch.abi3.so"):
+        (root / "tree" / "vllm" / name).write_bytes(b"")
+    done = subprocess.run(["bash", str(REPO / "tests/gpu/run"), "d"], capture_output=True,
+                          text=True, timeout=60, check=False,
+                          env={**os.environ, "GLM53_GPU_PAYLOAD": str(root), "OUT": str(tmp_path)})
+    assert done.returncode == 2, done.stderr
+    assert "part fi is not installed here: send it first" in done.stderr

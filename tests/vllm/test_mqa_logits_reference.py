@@ -231,3 +231,72 @@ def test_inputs_outside_the_contract_are_refused():
                                      indices=torch.zeros(3, dtype=torch.int32))
     with pytest.raises(ref.ContractError, match="max_model_len"):
         ref.fp8_fp4_paged_mqa_logits((q_p, None), cache, w_p, lens, tables, None, 40, True)
+
+
+class HostReads(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records each aten op's output shapes, and refuses the ops a CUDA graph cannot hold:
+    a value read back to the host (`.item()`, `int()`, `bool()`) or a shape that depends on
+    values (nonzero, masked_select, unique)."""
+
+    REFUSED = ("_local_scalar_dense", "nonzero", "masked_select", "unique", "equal")
+
+    def __init__(self):
+        super().__init__()
+        self.trace: list[tuple[str, tuple]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.__name__
+        if any(name.startswith(refused) for refused in self.REFUSED):
+            raise AssertionError(f"{name}: reads values on the host or sizes by them")
+        out = func(*args, **(kwargs or {}))
+        shapes = tuple(tuple(t.shape) for t in (out if isinstance(out, (list, tuple)) else [out])
+                       if isinstance(t, torch.Tensor))
+        self.trace.append((name, shapes))
+        return out
+
+
+def captured_paged(monkeypatch, lens: torch.Tensor, two_d: bool = False):
+    """The paged stand-in as a CUDA graph capture would run it (host checks off), its trace."""
+    next_n = 3
+    q, cache, weights, _, tables, _ = paged_case(seed=5, next_n=next_n)
+    limits = lens[:, None].long() - next_n + 1 + torch.arange(next_n)[None, :]
+    context = limits.to(torch.int32) if two_d else lens
+    monkeypatch.setattr(ref, "_capturing", lambda tensor: True)
+    with HostReads() as mode:
+        out = ref.fp8_fp4_paged_mqa_logits((q, None), cache, weights, context, tables, None, 64,
+                                           clean_logits=False)
+    return out, mode.trace
+
+
+@pytest.mark.parametrize("two_d", [False, True])
+def test_the_paged_stand_in_is_capturable(monkeypatch, two_d):
+    """Under capture no value reaches the host and every op and shape follows from the
+    arguments' shapes alone: two batches of other context lengths run the same ops on the
+    same shapes (a graph captured on one replays the other), with the same values as outside
+    capture."""
+    first, trace = captured_paged(monkeypatch, torch.tensor([37, 5, 48], dtype=torch.int32),
+                                  two_d)
+    second, other = captured_paged(monkeypatch, torch.tensor([12, 40, 20], dtype=torch.int32),
+                                   two_d)
+    assert trace == other and first.shape == second.shape
+    monkeypatch.undo()
+    q, cache, weights, lens, tables, _ = paged_case(seed=5, next_n=3)
+    limits = lens[:, None].long() - 2 + torch.arange(3)[None, :]
+    eager = ref.fp8_fp4_paged_mqa_logits((q, None), cache, weights,
+                                         limits.to(torch.int32) if two_d else lens, tables,
+                                         None, 64, clean_logits=False)
+    assert close(first, eager, 0.0)
+
+
+def test_a_host_read_under_capture_is_caught(monkeypatch):
+    """The planted fault of the first GPU run: a value read back to the host while a graph is
+    captured (there `int(limits.max())`) fails the capture check."""
+    plain = ref.paged_keys
+
+    def reading(kv_cache, dim, fp4):
+        int(kv_cache[0, 0, 0, 0])  # a host read, as the old per-request loop made
+        return plain(kv_cache, dim, fp4)
+
+    monkeypatch.setattr(ref, "paged_keys", reading)
+    with pytest.raises(AssertionError, match="_local_scalar_dense"):
+        captured_paged(monkeypatch, torch.tensor([37, 5, 48], dtype=torch.int32))

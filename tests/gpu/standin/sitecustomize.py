@@ -8,7 +8,11 @@ its vLLM module is imported, before any other module binds its names:
 - TileLang is not installed there (0.30.0 wants tilelang 0.1.12, over 64 MiB with its solver),
   and on CUDA the MHC ops call TileLang alone: tests/gpu/mhc_fallback.py points them at the
   path vLLM itself takes where TileLang is absent (its torch and Triton MHC kernels).
-Every other kernel of the forward is vLLM's own CUDA path."""
+Every other kernel of the forward is vLLM's own CUDA path.
+
+Two hooks of tests/gpu/engine_hooks.py are installed only where a server's environment asks:
+GPU_TIER_STOCK_MOE=1 (stock vLLM's MoE scale reading) and GPU_TIER_AUX_DUMP=FILE (the drafter's
+auxiliary hidden states saved once)."""
 
 import importlib.abc
 import importlib.util
@@ -27,6 +31,12 @@ REPLACEMENTS = {
                                                              "install_presence"),
     "vllm.v1.attention.backends.mla.indexer": ("mqa_logits_reference.py", "install_presence"),
 }
+if os.environ.get("GPU_TIER_STOCK_MOE") == "1":
+    REPLACEMENTS["vllm.model_executor.layers.quantization.modelopt"] = ("engine_hooks.py",
+                                                                        "bypass_moe_fix")
+if os.environ.get("GPU_TIER_AUX_DUMP"):
+    REPLACEMENTS["vllm.v1.worker.gpu.spec_decode.dflash.speculator"] = (
+        "engine_hooks.py", "dump_aux_hidden_states")
 
 
 def _load(file_name: str):
