@@ -67,6 +67,7 @@ RING = "GLM53_KPOOL_TAIL_FIX"
 ROUTE = "GLM53_MOE_SCALE_ROUTE"  # the MoE scale fix's route (exact or fold), read by v8's helper
 MOE_FIX_FILE = "vllm/model_executor/layers/quantization/glm53_moe_scales.py"
 FOLDED = "folded into block scales"  # the fold's log line (patches/v8/moe_global_scales.py)
+SCALED = "route exact (up output x up/gate)"  # the exact route's log line (the same helper)
 BYPASSED = "stock MoE: the v8_moe_scales decorator is bypassed"  # tests/gpu/engine_hooks.py
 KV_ENV = "GPU_TIER_GLM5NEXT_KV"  # fp8 (the launcher's) or bf16 (a named deviation)
 EAGER_ENV = "GPU_TIER_GLM5NEXT_EAGER"  # 1: --enforce-eager, for diagnosis; the run then fails
@@ -366,8 +367,8 @@ def checks(servers: dict[str, Server]) -> dict[str, object]:
             if route.startswith("fold"):
                 table[f"{name}: the fold's log line"] = lambda s, n=name: _log_says(s, n, FOLDED)
             else:
-                table[f"{name}: the {route} route folds nothing (its log)"] = \
-                    lambda s, n=name: _log_says(s, n, absent=(FOLDED,))
+                table[f"{name}: the {route} route's log line, and nothing folded"] = \
+                    lambda s, n=name: _log_says(s, n, SCALED, absent=(FOLDED,))
     return table
 
 

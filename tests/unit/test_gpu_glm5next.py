@@ -283,8 +283,11 @@ def passing_run(exact_route: bool = True) -> part_d.Observed:
             lines.append("INFO GLM53 weight groups on Glm5NextForCausalLM: shared 6, mla 4")
         if name == "stock":
             lines.append(f"gpu tier: {part_d.BYPASSED} (each up half ...)")
-        if part_d.routes(servers).get(name, "").startswith("fold"):
+        route = part_d.routes(servers).get(name, "")
+        if route.startswith("fold"):
             lines.append(f"INFO ModelOpt NVFP4 MoE: unequal ... {part_d.FOLDED}; ...")
+        elif route == "exact":
+            lines.append(f"INFO ModelOpt NVFP4 MoE layer: unequal ..., {part_d.SCALED}; ...")
         seen.logs[name] = lines
     return seen
 
@@ -391,12 +394,16 @@ def corrupt(change):
     (lambda s: s.logs["twin"].pop(3), "twin: CUDA graphs captured, no --enforce-eager (its log)"),
     (lambda s: s.logs["stock"].pop(0),
      "stock: the stand-in and the MHC fallback installed (its log)"),
-    (lambda s: s.logs["groups"].pop(), "groups: the target groups swapped by Glm5Next's names "
+    (lambda s: s.logs.__setitem__("groups", [line for line in s.logs["groups"]
+                                             if "GLM53 weight groups" not in line]),
+     "groups: the target groups swapped by Glm5Next's names "
      "(its log)"),
     (lambda s: s.logs["stock"].append(part_d.FOLDED),
      "stock: the fix bypassed and nothing folded (its log)"),
     (lambda s: s.logs["undrafted"].append(part_d.FOLDED),
-     "undrafted: the exact route folds nothing (its log)"),
+     "undrafted: the exact route's log line, and nothing folded"),
+    (lambda s: s.logs["undrafted"].pop(), "undrafted: the exact route's log line, and nothing "
+     "folded"),
     (lambda s: s.logs["fold"].pop(), "fold: the fold's log line"),
 ])
 def test_the_smallest_corruption_of_any_answer_fails_its_check(change, fails):
