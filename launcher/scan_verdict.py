@@ -23,16 +23,18 @@ class Verdict:
     accepted: str  # what would serve it right, for the refusal
 
 
-def failure(image: str, returncode: int, stderr: str) -> tuple[str, str]:
-    """(why, what is accepted) when the scan did not give its report: an image built before
-    scripts/scan-checkpoint existed lacks it (and the layers that came with it)."""
+def failure(image: str, returncode: int, stderr: str, where: str = "") -> tuple[str, str]:
+    """(why, what is accepted) when the scan WHERE (default: in IMAGE) did not give its report:
+    an image built before scripts/scan-checkpoint existed lacks it (and the layers that came
+    with it)."""
+    where = where or f"in {image}"
     said = (stderr.strip().splitlines() or ["no output"])[-1]
     if "can't open file" in said and "scan-checkpoint" in said:
         return (f"IMAGE={image} has no scripts/scan-checkpoint: it was built before the scan "
                 "(and may lack the layers that came with it)",
                 "the chain rebuilt (scripts/build.sh rebuilds the layers whose inputs changed), "
                 "or CHECKPOINT_SCAN=off to boot without the scan")
-    return (f"the checkpoint scan in {image} failed (it exited {returncode}: {said})",
+    return (f"the checkpoint scan {where} failed (it exited {returncode}: {said})",
             "a checkpoint directory the scan reads, or CHECKPOINT_SCAN=off to boot without the "
             "scan")
 

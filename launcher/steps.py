@@ -156,16 +156,18 @@ def jit_cache(launch: Launch) -> list[Step]:
     return [step]
 
 
-def checkpoint_scan(the_plan: Plan) -> list[Step]:
+def checkpoint_scan(the_plan: Plan, scanned: str | None) -> list[Step]:
+    """SCANNED: what the same scan found on this host (DRY_RUN runs it before printing)."""
     if not the_plan.scan_checkpoint:
         return []
     launch = the_plan.launch
     then = {"refuse": "refused", "warn": "said loudly (CHECKPOINT_SCAN=warn), the run goes on"}
+    found = f"; on this host it found: {scanned}" if scanned else ""
     step = Step(f"checkpoint: scan {launch['MODEL']} in {launch['IMAGE']} on the head (config, "
                 "safetensors headers and the routed experts' gate/up global scales; no weights "
                 f"loaded) and print its summary; gate/up scales {launch['IMAGE']} does not "
                 f"correct, or a directory the scan cannot read: "
-                f"{then[launch['CHECKPOINT_SCAN']]}")
+                f"{then[launch['CHECKPOINT_SCAN']]}{found}")
     return [step.on(0, the_plan.scan_checkpoint)]
 
 
@@ -247,12 +249,13 @@ def self_check(the_plan: Plan) -> list[Step]:
                 the_plan.launch["API_KEY_FILE"] if apikey.keyed(the_plan.launch.checked) else None))]
 
 
-def run_steps(the_plan: Plan) -> list[Step]:
-    """Every step of a run, in order; the first is the start-up line."""
+def run_steps(the_plan: Plan, scanned: str | None = None) -> list[Step]:
+    """Every step of a run, in order; the first is the start-up line. SCANNED: the local
+    MODEL's scan summary as DRY_RUN found it on this host."""
     launch, pv = the_plan.launch, shutil.which("pv") is not None
     return [Step("glm53: " + the_plan.startup_line), running_check(launch), *gpu_count(launch),
             prepare_nodes(launch), *boot_memory(launch), *images(the_plan, pv),
-            *extra_args_parse(launch), *jit_cache(launch), *checkpoint_scan(the_plan),
+            *extra_args_parse(launch), *jit_cache(launch), *checkpoint_scan(the_plan, scanned),
             *pins_and_drafter(the_plan), *ranks(the_plan)]
 
 
