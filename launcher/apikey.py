@@ -65,13 +65,13 @@ def unwritable(path: Path, why: str):
 
 
 def why_uncreatable(path: Path) -> str | None:
-    """Why create_key could not write PATH, judged without writing (its nearest existing
-    ancestor is not a directory, or this user cannot write there); None when it could."""
+    """Why create_key could not write PATH, judged without writing, in the words its
+    Path.mkdir(parents=True, exist_ok=True) and open would fail with; None when it could."""
     folder = path.parent
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
-    if not folder.is_dir():
-        return os.strerror(errno.ENOTDIR)
+    if not folder.is_dir():  # mkdir of the file itself, or of a folder under it
+        return os.strerror(errno.EEXIST if folder == path.parent else errno.ENOTDIR)
     if not os.access(folder, os.W_OK | os.X_OK):
         return os.strerror(errno.EACCES)
     return None

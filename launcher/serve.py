@@ -23,6 +23,9 @@ from launcher.settings import Failed, Refused, RefusedAbove, refusal
 from recipekit import baselock
 
 PROGRESS_EVERY_SECONDS = 30
+# scripts/scan-checkpoint's exit for a directory it cannot read (any other failure is the
+# scan's own: its usage, its tool environment)
+SCAN_UNREADABLE = 3
 LOG_TAIL_LINES = 40
 
 
@@ -110,6 +113,10 @@ def judge_on_this_host(the_plan: plan.Plan) -> str | None:
         return None
     scanned = subprocess.run(plan.host_scan_argv(the_plan.root, checked["MODEL"]), text=True,
                              stdin=subprocess.DEVNULL, capture_output=True, check=False)
+    if scanned.returncode not in (0, SCAN_UNREADABLE):  # this host's problem, not the model's
+        said = (scanned.stderr.strip().splitlines() or ["no output"])[-1]
+        raise Failed(f"DRY_RUN could not run the checkpoint scan of MODEL={checked['MODEL']} on "
+                     f"this host ({said}); fix that, or set CHECKPOINT_SCAN=off for the dry run")
     return judge_scan(the_plan, scanned, "on this host", lambda summary: None)
 
 

@@ -115,14 +115,21 @@ def images(the_plan: Plan, pv: bool) -> list[Step]:
               else "")
     first_use = (f"; BASE_LOCK=first-use: it records its ID in {lock.name} on first use"
                  if launch["BASE_LOCK"] == baselock.FIRST_USE and base == vendor else "")
-    steps = [Step(f"image: {image} must exist on the head (built by scripts/build.sh from {base} "
-                  "when missing) and have the head's ID on every worker (streamed when missing)")
+    chain = the_plan.chain_image
+    if image == chain:
+        build = (Step(f"only when {image} is missing on the head (scripts/build.sh pulls {base} "
+                      f"through the docker SDK when it is missing too{first_use}; a refusal of "
+                      "scripts/build.sh is the run's, in its one line):").on(0, the_plan.build))
+    else:
+        build = Step(f"only when {image} is missing on the head: refused (IMAGE), as "
+                     f"scripts/build.sh builds {chain} only")
+    made = f"built by scripts/build.sh from {base} when missing" if image == chain else "no build"
+    steps = [Step(f"image: {image} must exist on the head ({made}) and have the head's ID on "
+                  "every worker (streamed when missing; refused when a worker's differs)")
              .on(0, plan.image_id_argv(image)),
              Step(f"base: refused when {lock} records another image ID for {base} than its tag "
                   f"names here{strict}").on(0, plan.image_id_argv(base)),
-             Step(f"only when {image} is missing on the head (scripts/build.sh pulls {base} "
-                  f"through the docker SDK when it is missing too{first_use}):")
-             .on(0, the_plan.build), image_labels(launch)]
+             build, image_labels(launch)]
     for index in range(1, len(launch.nodes.addresses)):
         node = launch.nodes.addresses[index]
         steps.append(Step(f"{node}: {image} with the head's image ID")
