@@ -43,7 +43,9 @@ NOT_SECRET = {
     "--tokenizer-revision": "a revision of the tokenizer's repository",
     "--skip-tokenizer-init": "a switch",
     "--enable-tokenizer-info-endpoint": "a switch",
+    "--disable-tokenizer-info-endpoint": "a switch",
     "--enable-prompt-tokens-details": "a switch",
+    "--disable-prompt-tokens-details": "a switch",
     "--return-tokens-as-token-ids": "a switch",
     "--tokens-only": "a switch",
     "--spec-tokens": "a count",
@@ -51,6 +53,7 @@ NOT_SECRET = {
     "--max-num-scheduled-tokens": "a count",
     "--max-num-queued-tokens": "a count",
     "--long-prefill-token-threshold": "a count",
+    "--long-prefill-token-threshold-adaptive": "a switch",
     "--dbo-decode-token-threshold": "a count",
     "--dbo-prefill-token-threshold": "a count",
 }
