@@ -267,3 +267,18 @@ def test_without_the_host_judgements_dry_run_would_miss_the_runs_local_refusals(
                                      if root[1] != "judge_on_this_host"))
     assert {site[2] for site in real - without - set(ON_THE_NODES)} == {
         "API_KEY_FILE", "HF_TOKEN_FILE", "Refused", "MODEL"}
+
+
+def test_a_scan_that_cannot_run_on_this_host_ends_dry_run_without_blaming_the_model(
+        tmp_path, checkpoints):
+    python = sealed_bin(tmp_path) / "python3"
+    python.unlink()
+    python.write_text(f'#!/bin/sh\ncase "$1" in *scan-checkpoint) echo "scan-checkpoint: no '
+                      f'tool environment here" >&2; exit 2;; esac\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    result = run(tmp_path, MODEL=checkpoints["nvidia-like"], MODEL_REVISION=None, SPEC="off")
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr == (f"glm53: DRY_RUN could not run the checkpoint scan of MODEL="
+                             f"{checkpoints['nvidia-like']} on this host (scan-checkpoint: no "
+                             "tool environment here); fix that, or set CHECKPOINT_SCAN=off for "
+                             "the dry run\n")
