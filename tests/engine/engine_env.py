@@ -212,8 +212,9 @@ def apply_api_key_layer(venv: EngineVenv) -> None:
         capture_output=True, text=True, check=False, timeout=600)
     outcome = json.loads(result.stdout)["outcome"] if result.stdout.strip() else "no report"
     if result.returncode != 0 or outcome != "applied":
-        raise EngineEnvError(f"scripts/patch-layer v8_api_key on {venv.site_packages}: {outcome} "
-                             f"(exit {result.returncode}): {(result.stdout + result.stderr)[-600:]}")
+        said = (result.stdout + result.stderr)[-600:]
+        raise EngineEnvError(f"scripts/patch-layer v8_api_key on {venv.site_packages}: "
+                             f"{outcome} (exit {result.returncode}): {said}")
 
 
 # What every engine venv carries of the image chain's changes that a CPU engine can run.

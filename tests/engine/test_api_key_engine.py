@@ -6,8 +6,9 @@ vLLM's own middleware answers here, as the image's (the engine venv carries v8_a
 tests/engine/engine_env.py IMAGE_STEPS): /v1 without the key is 401, with it 200, and so are
 /invocations (SageMaker's route), /generative_scoring, /metrics and /tokenize, which stock
 vLLM serves without the key; /health stays open. The key is on no argv and in nothing the run
-printed or recorded. The bench tools reach the keyed server by the key file alone (scripts/compare's engine test runs the quality
-gate, the receipts and the probes the same way, every boot keyed).
+printed or recorded. The bench tools reach the keyed server by the key file alone
+(scripts/compare's engine test runs the quality gate, the receipts and the probes the same
+way, every boot keyed).
 """
 
 from __future__ import annotations

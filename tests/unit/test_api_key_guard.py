@@ -74,7 +74,8 @@ def client(middleware_class, root_path: str = "") -> TestClient:
         Route("/health", answer), Route("/v1/models", answer),
         Route("/invocations", answer, methods=["POST"]),
         Route("/generative_scoring", answer, methods=["POST"]),
-        Mount("/metrics", app=PlainTextResponse("counters")), WebSocketRoute("/v1/realtime", socket),
+        Mount("/metrics", app=PlainTextResponse("counters")),
+        WebSocketRoute("/v1/realtime", socket),
     ], middleware=[Middleware(middleware_class, tokens=[KEY]),
                    Middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"])])
     return TestClient(app, root_path=root_path)
