@@ -3,21 +3,26 @@ rank 0 as VLLM_API_KEY through a `docker run --env-file` written 0600 and remove
 rank started, and sent by the launcher's own requests through curl's config on stdin. The
 key is on no command line, in no DRY_RUN line, log or run record: they name its file.
 
-vLLM 0.30.0 (vllm/entrypoints/serve/middleware/authenticate.py) guards the paths starting
-/v1, /v2, /inference and /cohere with it; /health, /metrics and its other routes stay open
-(docs/security.md lists them).
+Stock vLLM (vllm/entrypoints/serve/middleware/authenticate.py in 0.30.0) asks for it only on
+paths starting /v1, /v2, /inference and /cohere; the chain's v8 image (v8_api_key,
+patches/v8/api_key_guard.py) asks for it on every path but OPEN_PATHS (docs/security.md).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
+from launcher.checks import chain_layer_number
 from launcher.settings import refusal
 from recipekit.apikey import KeyFileError, create_key, read_key
 
+# The paths the chain's vLLM answers without the key: OPEN_PATHS of patches/v8/api_key_guard.py
+# (tests/vllm/test_api_key_routes.py holds the two equal).
+OPEN_PATHS = ("/health",)
 # What rank 0's `docker run --env-file` names until a real run writes the file.
 ENV_FILE_PLACEHOLDER = "<api-key-env-file>"
 SERVER_VARIABLE = "VLLM_API_KEY"
@@ -46,13 +51,40 @@ def key_of_run(checked, say) -> str | None:
         try:
             create_key(path)
         except OSError as error:
-            raise refusal("API_KEY_FILE", str(path), f"cannot write a new key there "
-                          f"({error.strerror}); accepted: a path this user can create") from None
+            raise unwritable(path, error.strerror) from None
         say(f"wrote a new random API key to {path} (mode 0600, git-ignored; later runs reuse it)")
     try:
         return read_key(path)
     except KeyFileError as error:
         raise refusal("API_KEY_FILE", str(path), error.why) from None
+
+
+def unwritable(path: Path, why: str):
+    return refusal("API_KEY_FILE", str(path), f"cannot write a new key there ({why}); "
+                   "accepted: a path this user can create")
+
+
+def why_uncreatable(path: Path) -> str | None:
+    """Why create_key could not write PATH, judged without writing, in the words its
+    Path.mkdir(parents=True, exist_ok=True) and open would fail with; None when it could."""
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():  # mkdir of the file itself, or of a folder under it
+        return os.strerror(errno.EEXIST if folder == path.parent else errno.ENOTDIR)
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return os.strerror(errno.EACCES)
+    return None
+
+
+def judge_key_file(checked) -> None:
+    """What a run refuses of API_KEY_FILE, judged without writing a key (DRY_RUN): a loose or
+    broken file, or, when there is none yet, a path where none can be written."""
+    if existing_key(checked) is not None or not keyed(checked):
+        return
+    path = Path(checked["API_KEY_FILE"])
+    if why := why_uncreatable(path):
+        raise unwritable(path, why)
 
 
 def key_of_client(checked) -> str | None:
@@ -89,8 +121,19 @@ def curl_config(key: str | None) -> str | None:
     return None if key is None else f'header = "Authorization: Bearer {key}"\n'
 
 
-def routes_phrase() -> str:
-    return "/health, /metrics and vLLM's other routes outside /v1 stay open (docs/security.md)"
+def needs_key(path: str) -> bool:
+    """Whether the chain's vLLM asks PATH for the key (a stock one asks fewer; sending it to
+    those is harmless)."""
+    return path not in OPEN_PATHS
+
+
+def routes_phrase(checked) -> str:
+    """Which routes the key guards: every one but OPEN_PATHS on a chain image (its v8 layer);
+    an image from elsewhere may guard /v1 alone."""
+    if chain_layer_number(checked.recipe, checked["IMAGE"]) is not None:
+        return f"every route but {', '.join(OPEN_PATHS)} needs it (docs/security.md)"
+    return (f"IMAGE={checked['IMAGE']} is not of the image chain, whose v8 layer guards every "
+            "route: its vLLM may answer routes outside /v1 without the key (docs/security.md)")
 
 
 def startup_phrase(checked) -> str:
@@ -100,8 +143,8 @@ def startup_phrase(checked) -> str:
         return (f"API open (API_AUTH=none): anyone who can reach port {port} on any address of "
                 "the head can use it")
     path = checked["API_KEY_FILE"]
-    return (f"API key in {path}: send 'Authorization: Bearer $(cat {path})' to /v1; "
-            f"{routes_phrase()}")
+    return (f"API key in {path}: send 'Authorization: Bearer $(cat {path})'; "
+            f"{routes_phrase(checked)}")
 
 
 def dry_run_comment(checked) -> str:

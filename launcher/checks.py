@@ -32,6 +32,13 @@ _TP = re.compile(r"[1-9][0-9]{0,3}")
 _ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
 # A name holding one of these would put a credential in `docker inspect`.
 _SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD")
+# `vllm serve` flags whose value is a credential, and the setting that carries it instead: a
+# flag's value is on every rank's command line (ps, docker inspect) and in DRY_RUN's output.
+# tests/vllm/test_api_key_routes.py holds every flag of each pinned vLLM's parser whose name
+# suggests a secret to this table or to its list of flags that carry none.
+SECRET_FLAGS = {"--api-key": ("API_KEY_FILE", "the API key"),
+                "--hf-token": ("HF_TOKEN_FILE", "the Hub token")}
+HIDDEN = "<hidden>"
 _STOCK_IMAGE = re.compile(r"(docker\.io/)?(library/)?vllm/vllm-openai(:|@|$)")
 _MAX_NODES = 16
 PATH_ACCEPTED = "accepted: an absolute path (~/ allowed) without commas"
@@ -310,9 +317,42 @@ def owner_phrase(owners: str) -> str:
     return FIXED_PHRASE if not owners else f"set from {owners}; set that instead"
 
 
+def secret_flag(word: str) -> str | None:
+    """The SECRET_FLAGS flag WORD names, whole or by an argparse prefix (`--api-k`), or None."""
+    flag = word.split("=", 1)[0]
+    if not flag.startswith("--") or len(flag) < 3:
+        return None
+    return next((secret for secret in SECRET_FLAGS if secret.startswith(flag)), None)
+
+
+def hidden_secrets(words: list[str]) -> str:
+    """WORDS as one line with every secret flag's value replaced by HIDDEN."""
+    shown, hide_next = [], False
+    for word in words:
+        if hide_next:
+            shown.append(HIDDEN)
+            hide_next = False
+        elif secret_flag(word) and "=" in word:
+            shown.append(word.split("=", 1)[0] + "=" + HIDDEN)
+        else:
+            shown.append(word)
+            hide_next = secret_flag(word) is not None
+    return shell_words.quote(shown)
+
+
 def _extra_args(checked: Checked, knob: Knob) -> None:
-    """No flag the launcher sets, not even by an argparse prefix (the seed's
-    --kv-cache-memory was one) or a --no- negation."""
+    """No flag that carries a credential (it would be on every rank's command line), and no
+    flag the launcher sets, not even by an argparse prefix (the seed's --kv-cache-memory was
+    one) or a --no- negation."""
+    for word in checked.words["EXTRA_ARGS"]:
+        if secret := secret_flag(word):
+            flag = word.split("=", 1)[0]
+            read_as = "" if flag == secret else f" (vLLM reads it as {secret})"
+            setting, what = SECRET_FLAGS[secret]
+            raise refusal("EXTRA_ARGS", hidden_secrets(checked.words["EXTRA_ARGS"]),
+                          f"{flag}{read_as} would put a credential on every rank's command line "
+                          f"(ps, docker inspect) and in DRY_RUN's output; accepted: {what} in "
+                          f"{setting}, which the launcher hands over without a command line")
     owners = checked.recipe.flag_owners()
     for word in checked.words["EXTRA_ARGS"]:
         if not word.startswith("--") or len(word) < 3:
@@ -337,9 +377,10 @@ def _extra_env(checked: Checked, knob: Knob) -> None:
             raise refusal("EXTRA_ENV", word, "not NAME=VALUE with an environment variable name; "
                           "accepted: NAME=VALUE words, NAME in capitals")
         if _SECRET_NAME.search(name):
-            raise refusal("EXTRA_ENV", f"{name}=<hidden>", f"{name} looks like a credential (holds "
+            raise refusal("EXTRA_ENV", f"{name}={HIDDEN}", f"{name} looks like a credential (holds "
                           "TOKEN, KEY, SECRET or PASSWORD) and would show in docker inspect; "
-                          "accepted: engine settings only (the Hub token goes in HF_TOKEN_FILE)")
+                          "accepted: engine settings only (the API key goes in API_KEY_FILE, "
+                          "the Hub token in HF_TOKEN_FILE)")
         if name in owners:
             raise refusal("EXTRA_ENV", word, f"the launcher sets {name}: "
                           f"{owner_phrase(owners[name])}")
@@ -348,11 +389,40 @@ def _extra_env(checked: Checked, knob: Knob) -> None:
                           f"starting with {' '.join(knob.prefixes)}")
 
 
+def _docker_env_names(words: list[str]) -> list[str]:
+    """The NAMEs DOCKER_ARGS sets with -e/--env NAME=VALUE (or --env=..., -eNAME=...)."""
+    names, take_next = [], False
+    for word in words:
+        setting = None
+        if take_next:
+            setting, take_next = word, False
+        elif word in ("-e", "--env"):
+            take_next = True
+        elif word.startswith("--env="):
+            setting = word.removeprefix("--env=")
+        elif word.startswith("-e") and not word.startswith("--"):
+            setting = word[2:]
+        if setting is not None and "=" in setting:
+            names.append(setting.split("=", 1)[0])
+    return names
+
+
+def _docker_args(checked: Checked, knob: Knob) -> None:
+    """No credential as a `docker run --env NAME=VALUE`: it would be on the command line."""
+    for name in _docker_env_names(checked.words["DOCKER_ARGS"]):
+        if _SECRET_NAME.search(name):
+            raise refusal("DOCKER_ARGS", f"--env {name}={HIDDEN}", f"{name} looks like a "
+                          "credential (holds TOKEN, KEY, SECRET or PASSWORD) and would show on "
+                          "the docker command line and in docker inspect; accepted: the API key "
+                          "in API_KEY_FILE, the Hub token in HF_TOKEN_FILE")
+
+
 RULES: dict[str, Callable[[Checked, Knob], None]] = {
     "drafter": _drafter, "above_zero": _above_zero, "generation_config": _generation_config,
     "serving_image": _serving_image, "model": _model, "model_revision": _model_revision,
     "nodes": _nodes, "tensor_parallel": _tensor_parallel, "master_port": _master_port,
     "remote_exec": _remote_exec, "extra_args": _extra_args, "extra_env": _extra_env,
+    "docker_args": _docker_args,
     "kpool_ring": _kpool_ring, "adaptive_verify": _adaptive_verify,
     "adaptive_verify_max": _adaptive_verify_max, "skip_mtp_weights": _skip_mtp_weights,
 }

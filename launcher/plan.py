@@ -426,6 +426,12 @@ def scan_checkpoint_argv(launch: Launch) -> list[str]:
     return tool_argv(launch, "none", IN_IMAGE_SCAN_CHECKPOINT, launch["MODEL"], "--json")
 
 
+def host_scan_argv(root: Path, model: str) -> list[str]:
+    """The same scan on this host, for DRY_RUN: this checkout's scripts/scan-checkpoint (it
+    finds or builds the recipe's tool environment for safetensors)."""
+    return ["python3", str(root / "scripts" / "scan-checkpoint"), model, "--json"]
+
+
 def image_id_argv(image: str) -> list[str]:
     return ["docker", "image", "inspect", "--format", "{{.Id}}", image]
 
@@ -448,8 +454,8 @@ READY_PATHS = {"health": "/health", "models": "/v1/models"}
 
 
 def keyed_path(path: str) -> bool:
-    """Whether vLLM asks PATH for the API key (launcher/apikey.py: /health is open)."""
-    return path.startswith("/v1")
+    """Whether the launcher sends the API key to PATH (launcher/apikey.py: /health is open)."""
+    return apikey.needs_key(path)
 
 
 def key_from_stdin(keyed: bool) -> list[str]:

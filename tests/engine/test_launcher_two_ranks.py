@@ -86,7 +86,10 @@ class ApiBridge:
 
 def launcher_ranks(tmp_path, model: Path) -> dict[str, tuple[list[str], dict]]:
     """rank -> (vllm argv, container env and mounts) of a two-node DRY_RUN serving `model`."""
-    stdout = dry_run(tmp_path, nodes=2, MODEL=str(model), MODEL_REVISION=None)
+    # the argv alone: DRY_RUN's host scan of MODEL (a step apart from the ranks) needs the
+    # tool environment, which the sealed PATH's bare python3 lacks
+    stdout = dry_run(tmp_path, nodes=2, MODEL=str(model), MODEL_REVISION=None,
+                     CHECKPOINT_SCAN="off")
     return {str(rank): rank_launch(docker) for rank, (_, docker) in serve_commands(stdout).items()}
 
 

@@ -10,9 +10,10 @@ Run it like vLLM:
 
 Flags it does not know are ignored. Of vLLM's own flags it honours `--host` (default
 127.0.0.1, loopback unlike vLLM), `--port` (default 8000; 0 picks a free one),
-`--served-model-name` (each name listed by /v1/models), `--api-key` (else VLLM_API_KEY: the
-paths starting /v1 answer 401 without `Authorization: Bearer KEY`, as vLLM's do; /health,
-/metrics, /version and /tokenize stay open), `--model`, `--headless` (serve
+`--served-model-name` (each name listed by /v1/models), `--api-key` (else VLLM_API_KEY: every
+path but /health answers 401 without `Authorization: Bearer KEY`, as the chain's vLLM does
+with its v8 layer v8_api_key; OPEN_PATHS here equals patches/v8/api_key_guard.py's, which
+tests/unit/test_api_key.py checks), `--model`, `--headless` (serve
 no HTTP, stay alive until SIGTERM) and `--speculative-config` (its `num_speculative_tokens`
 turns drafting on; invalid JSON exits 1, as vLLM would). SIGTERM or SIGINT ends it cleanly
 with exit code 0 in every mode.
@@ -177,6 +178,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
 
+# The paths served without the key when it is set (patches/v8/api_key_guard.py's OPEN_PATHS).
+OPEN_PATHS = frozenset({"/health"})
 VOCAB_SIZE = 154_880
 CLEAR_MARGIN_NATS = 3.0
 TOP_LOGPROB = -0.01
@@ -1440,9 +1443,9 @@ class FakeServer:
 
     async def route(self, method: str, path: str, body: bytes, writer, headers=None) -> bool:
         program = self.state.program
-        if program.api_key and path.startswith("/v1") and (headers or {}).get(
+        if program.api_key and path not in OPEN_PATHS and (headers or {}).get(
                 "authorization") != f"Bearer {program.api_key}":
-            writer.write(_json_response(401, {"error": "Unauthorized"}))  # as vLLM 0.30.0
+            writer.write(_json_response(401, {"error": "Unauthorized"}))  # as the chain's vLLM
             return True
         if method == "POST":
             self.posts += 1

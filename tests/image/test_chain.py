@@ -144,7 +144,7 @@ def flashinfer_src(version: str) -> Path:
     return Path(out.stdout.strip())
 
 
-IMAGE_PATCHERS = {"v8": ("v8_moe_scales", "v8_linear_scales"),  # docker/Dockerfile.sm121-v8
+IMAGE_PATCHERS = {"v8": ("v8_moe_scales", "v8_linear_scales", "v8_api_key"),  # Dockerfile.sm121-v8
                   "v11": ("v11_dflash_block_drop",)}  # docker/Dockerfile.sm121-v11
 
 

@@ -66,6 +66,24 @@ def _token_file(tmp):
     return {"HF_TOKEN_FILE": token, "HF_TOKEN": "hf_SECRETVALUE"}
 
 
+def _local_model(name):
+    """A set-up that makes a small checkpoint at {tmp}/models/NAME (equal gate/up scales),
+    which DRY_RUN scans on this host, and points MODEL at it; python3 is this interpreter as
+    invoked, whose venv has safetensors for the scan."""
+
+    def set_up(tmp):
+        from tests.unit.synthetic_checkpoints import nvidia_like
+
+        python = sealed_bin(tmp) / "python3"
+        python.unlink()
+        python.write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
+        python.chmod(0o755)
+        (tmp / "models").mkdir()
+        return {"MODEL": nvidia_like(tmp / "models").rename(tmp / "models" / name)}
+
+    return set_up
+
+
 def _pv(tmp):
     pv = sealed_bin(tmp) / "pv"
     pv.write_text("#!/bin/sh\nexec cat\n")
@@ -119,7 +137,7 @@ SCENARIOS = {
     "dflash2-g-window-4096": ("run.sh", 2, {"DRAFTER": "dflash2-g", "DRAFTER_WINDOW": 4096,
                                             **PINNED}, None),
     "local-drafter": ("run.sh", 2, {"DRAFTER": "/srv/drafters/my drafter", **PINNED}, None),
-    "local-model": ("run.sh", 2, {"MODEL": "/models/glm", "DRAFTER_REVISION": DRAFTER_PIN}, None),
+    "local-model": ("run.sh", 2, {"DRAFTER_REVISION": DRAFTER_PIN}, _local_model("glm")),
     "nvidia-model": ("run.sh", 2, {"MODEL": "nvidia/GLM-5.3-Flash-NVFP4"}, None),
     "cluster-env": ("run.sh", 2, {"MAX_NUM_SEQS": 3, **PINNED}, _cluster_env),
     "ssh-docker-args": ("run.sh", 2, {"SSH": f"{FAKE_SSH} -p 2222", "DOCKER_ARGS": "--runtime runc",
@@ -131,10 +149,8 @@ SCENARIOS = {
                                       "GENERATION_CONFIG": '''{"temperature": 0.6, "note": "it's"}''',
                                       "EXTRA_ARGS": """--root-path "/it's glm" """, **PINNED}, None),
     "vllm-block-64-tp4": ("run.sh", 2, {"BLOCK_SIZE": 64, "TP": 4, **PINNED}, None),
-    "engine-one-node": ("run.sh", 1, {"MODEL": "/models/tiny-target", "MODEL_REVISION": None},
-                        None),
-    "engine-two-nodes": ("run.sh", 2, {"MODEL": "/models/tiny-target", "MODEL_REVISION": None},
-                         None),
+    "engine-one-node": ("run.sh", 1, {"MODEL_REVISION": None}, _local_model("tiny-target")),
+    "engine-two-nodes": ("run.sh", 2, {"MODEL_REVISION": None}, _local_model("tiny-target")),
     "guard-off": ("run.sh", 2, {"MEM_GUARD": 0, **PINNED}, None),
     "guard-settings": ("run.sh", 2, {"MEM_SAMPLES_PER_SECOND": 3, "MEM_FLOOR_LOAD_GIB": 0,
                                      "RUNS_DIR": "/var/glm53/runs", "POLL_SECONDS": 2,

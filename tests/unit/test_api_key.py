@@ -13,7 +13,9 @@ import stat
 import pytest
 
 from bench import bench_decode, probes, quality, receipts
+from launcher import apikey as launcher_apikey
 from recipekit import apikey, recipe
+from recipekit.layers.v8_api_key import open_paths
 from tests.fakes import fake_vllm
 from tests.unit.test_launcher_lifecycle import (
     HEAD,
@@ -138,8 +140,15 @@ def test_the_start_up_line_says_how_to_call_the_api_and_what_stays_open(tmp_path
     key_file = tmp_path / "api-key"
     (startup,) = [line for line in result.stdout.splitlines() if line.startswith("glm53: model ")]
     assert startup.endswith(
-        f"; API key in {key_file}: send 'Authorization: Bearer $(cat {key_file})' to /v1; "
-        "/health, /metrics and vLLM's other routes outside /v1 stay open (docs/security.md)")
+        f"; API key in {key_file}: send 'Authorization: Bearer $(cat {key_file})'; every route "
+        "but /health needs it (docs/security.md)")
+
+
+def test_an_image_from_elsewhere_is_not_said_to_guard_every_route(tmp_path):
+    stdout = run(tmp_path, IMAGE="vllm/vllm-openai:latest", FORCE_STOCK_IMAGE=1).stdout
+    assert stdout.splitlines()[0].endswith(
+        "; IMAGE=vllm/vllm-openai:latest is not of the image chain, whose v8 layer guards every "
+        "route: its vLLM may answer routes outside /v1 without the key (docs/security.md)")
 
 
 def test_the_key_survives_a_second_run_unchanged(tmp_path, first_run):
@@ -299,18 +308,20 @@ def test_a_loose_key_file_is_refused_by_every_client(tool, tmp_path, keyed_serve
     assert f"{loose} has mode 0644: others can read the API key" in capsys.readouterr().err
 
 
-def test_the_fake_guards_v1_as_vllm_does(keyed_server):
+def test_the_fake_guards_every_route_but_health_as_the_chain_does(keyed_server):
     import urllib.error
     import urllib.request
 
-    with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(keyed_server.url + "/v1/models", timeout=5)
-    assert refused.value.code == 401
-    keyed = urllib.request.Request(keyed_server.url + "/v1/models",
-                                   headers={"Authorization": f"Bearer {KEY}"})
-    assert urllib.request.urlopen(keyed, timeout=5).status == 200
+    assert fake_vllm.OPEN_PATHS == open_paths() == frozenset(launcher_apikey.OPEN_PATHS)
+    for path in ("/v1/models", "/metrics", "/version", "/invocations"):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(keyed_server.url + path, timeout=5)
+        assert refused.value.code == 401, path
+    for path in ("/v1/models", "/metrics", "/version"):
+        keyed = urllib.request.Request(keyed_server.url + path,
+                                       headers={"Authorization": f"Bearer {KEY}"})
+        assert urllib.request.urlopen(keyed, timeout=5).status == 200, path
     assert urllib.request.urlopen(keyed_server.url + "/health", timeout=5).status == 200
-    assert urllib.request.urlopen(keyed_server.url + "/metrics", timeout=5).status == 200
 
 
 def test_a_key_in_a_receipts_settings_is_never_written(tmp_path, keyed_server, monkeypatch):

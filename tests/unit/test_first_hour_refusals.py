@@ -101,12 +101,15 @@ def test_tp_that_does_not_split_a_local_models_heads_is_refused(tmp_path):
             f"TP=6: {model}/config.json has num_attention_heads 64, which TP=6 does not split "
             "evenly over its ranks; accepted: a multiple of the node count 2 that splits them: "
             "2 | 4 | 8 | 16 | 32 | 64")
-    assert run(tmp_path, nodes=2, MODEL=model, MODEL_REVISION=None).returncode == 0
+    # a config.json alone is no checkpoint: the scan DRY_RUN runs would refuse it
+    assert run(tmp_path, nodes=2, MODEL=model, MODEL_REVISION=None,
+               CHECKPOINT_SCAN="off").returncode == 0
 
 
 def test_kv_heads_fewer_than_tp_must_divide_it(tmp_path):
     model = local_model(tmp_path, text_config={"num_attention_heads": 12, "num_key_value_heads": 4})
-    assert run(tmp_path, nodes=2, MODEL=model, MODEL_REVISION=None).returncode == 0
+    assert run(tmp_path, nodes=2, MODEL=model, MODEL_REVISION=None,
+               CHECKPOINT_SCAN="off").returncode == 0
     refused(run(tmp_path, nodes=3, MODEL=model, MODEL_REVISION=None),
             f"TP=3: {model}/config.json has num_key_value_heads 4, which TP=3 does not split "
             "evenly over its ranks; accepted: a multiple of the node count 3 that splits them: 12")

@@ -212,10 +212,18 @@ def test_dry_run_shows_the_step_for_a_local_model_only(tmp_path):
         return [line for line in dry_run(tmp_path, **settings).splitlines()
                 if line.startswith("# checkpoint:")]
 
-    assert comments(MODEL="/models/glm")[0].endswith("does not correct, or a directory the scan "
-                                                     "cannot read: refused")
-    assert comments(MODEL="/models/glm", CHECKPOINT_SCAN="warn")[0].endswith(
-        "said loudly (CHECKPOINT_SCAN=warn), the run goes on")
+    model = synthetic.nvidia_like(tmp_path)
+    python = sealed_bin(tmp_path) / "python3"  # this interpreter as invoked: it has safetensors
+    python.unlink()
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    found = ("; on this host it found: ModelOpt NVFP4 (modelopt 0.47.0); modules 35 BF16, 27 "
+             "NVFP4; gate/up weight_scale_2 equal in all 8 routed experts; nothing to fix: every "
+             "routed expert's gate and up global scales are equal")
+    assert comments(MODEL=model)[0].endswith("does not correct, or a directory the scan cannot "
+                                             "read: refused" + found)
+    assert comments(MODEL=model, CHECKPOINT_SCAN="warn")[0].endswith(
+        "said loudly (CHECKPOINT_SCAN=warn), the run goes on" + found)
     assert comments(MODEL="/models/glm", CHECKPOINT_SCAN="off") == []
     assert comments() == []  # a Hub MODEL
 

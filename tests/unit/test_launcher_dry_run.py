@@ -27,7 +27,7 @@ from tests.unit.test_launcher_support import (
 # The whole DRY_RUN of `NODES="192.0.2.1 192.0.2.2" IFACE=ifx0 HCA=hca0 DRY_RUN=1 ./run.sh`
 # on a fresh clone, reviewed line by line. The model and the drafter are pinned already
 # (the seed's commits), so nothing is resolved.
-DEFAULTS_DRY_RUN = r"""# glm53: model LibertAIDAI/GLM-5.3-Flash-NVFP4@aa28e1f54130286c95fee10d0705c74ce8743734, drafter incoai/GLM-5.3-Flash-DFlash2 (CC BY-NC-ND 4.0, non-commercial), 5 sliding layers, window 2048, non-causal, mask row from an embedding table, revision 7d74cdd881ed7e32c31175984a67823127b66cfe, k=7, context 327680, 2 seqs, CUDA graphs (capture 1,2,4,8,16), KV pin 4445787956 bytes (4.14 GiB fp8_e4m3), weight-only target int8 g128 shared,mla,kda_o,kda_in,lm_head, drafter nvfp4, image glm53-sm121-v13 (KPOOL_TAIL_FIX ADAPTIVE_VERIFY on; verify tau 0.3, max 7), nodes 192.0.2.1 192.0.2.2 (TP=2); API key in {tmp}/api-key: send 'Authorization: Bearer $(cat {tmp}/api-key)' to /v1; /health, /metrics and vLLM's other routes outside /v1 stay open (docs/security.md)
+DEFAULTS_DRY_RUN = r"""# glm53: model LibertAIDAI/GLM-5.3-Flash-NVFP4@aa28e1f54130286c95fee10d0705c74ce8743734, drafter incoai/GLM-5.3-Flash-DFlash2 (CC BY-NC-ND 4.0, non-commercial), 5 sliding layers, window 2048, non-causal, mask row from an embedding table, revision 7d74cdd881ed7e32c31175984a67823127b66cfe, k=7, context 327680, 2 seqs, CUDA graphs (capture 1,2,4,8,16), KV pin 4445787956 bytes (4.14 GiB fp8_e4m3), weight-only target int8 g128 shared,mla,kda_o,kda_in,lm_head, drafter nvfp4, image glm53-sm121-v13 (KPOOL_TAIL_FIX ADAPTIVE_VERIFY on; verify tau 0.3, max 7), nodes 192.0.2.1 192.0.2.2 (TP=2); API key in {tmp}/api-key: send 'Authorization: Bearer $(cat {tmp}/api-key)'; every route but /health needs it (docs/security.md)
 # refuse if a glm53.launcher=serve container is running on any node
 docker ps --filter label=glm53.launcher=serve --format '{{.Names}}'
 ssh -o BatchMode=yes 192.0.2.2 'docker ps --filter label=glm53.launcher=serve --format '\''{{.Names}}'\'''
@@ -37,11 +37,11 @@ ssh -o BatchMode=yes 192.0.2.2 'mkdir -p /home/user/.cache/huggingface'
 # every node: report vm.swappiness, MemAvailable and other GPU containers; refuse the boot under MEM_BOOT_FLOOR_GIB=100 GiB
 sh -c 'meminfo=${GLM53_MEMINFO:-/proc/meminfo}; swappiness=${GLM53_SWAPPINESS:-/proc/sys/vm/swappiness}; printf "swappiness %s\n" "$(cat "$swappiness" 2>/dev/null || echo unknown)"; awk '\''/^MemAvailable:/ { print "mem", $2 }'\'' "$meminfo"; for id in $(docker ps --quiet); do docker inspect --format '\''{{.Name}} {{json .HostConfig.DeviceRequests}}'\'' "$id"; done | awk '\''/"gpu"/ { sub(/^\//, "", $1); print "gpu", $1 }'\''' memory-preflight
 ssh -o BatchMode=yes 192.0.2.2 'sh -c '\''meminfo=${GLM53_MEMINFO:-/proc/meminfo}; swappiness=${GLM53_SWAPPINESS:-/proc/sys/vm/swappiness}; printf "swappiness %s\n" "$(cat "$swappiness" 2>/dev/null || echo unknown)"; awk '\''\'\'''\''/^MemAvailable:/ { print "mem", $2 }'\''\'\'''\'' "$meminfo"; for id in $(docker ps --quiet); do docker inspect --format '\''\'\'''\''{{.Name}} {{json .HostConfig.DeviceRequests}}'\''\'\'''\'' "$id"; done | awk '\''\'\'''\''/"gpu"/ { sub(/^\//, "", $1); print "gpu", $1 }'\''\'\'''\'''\'' memory-preflight'
-# image: glm53-sm121-v13 must exist on the head (built by scripts/build.sh from vllm/vllm-openai:glm53-flash-arm64-cu130 when missing) and have the head's ID on every worker (streamed when missing)
+# image: glm53-sm121-v13 must exist on the head (built by scripts/build.sh from vllm/vllm-openai:glm53-flash-arm64-cu130 when missing) and have the head's ID on every worker (streamed when missing; refused when a worker's differs)
 docker image inspect --format '{{.Id}}' glm53-sm121-v13
 # base: refused when {repo}/recipe.lock records another image ID for vllm/vllm-openai:glm53-flash-arm64-cu130 than its tag names here
 docker image inspect --format '{{.Id}}' vllm/vllm-openai:glm53-flash-arm64-cu130
-# only when glm53-sm121-v13 is missing on the head (scripts/build.sh pulls vllm/vllm-openai:glm53-flash-arm64-cu130 through the docker SDK when it is missing too; BASE_LOCK=first-use: it records its ID in recipe.lock on first use):
+# only when glm53-sm121-v13 is missing on the head (scripts/build.sh pulls vllm/vllm-openai:glm53-flash-arm64-cu130 through the docker SDK when it is missing too; BASE_LOCK=first-use: it records its ID in recipe.lock on first use; a refusal of scripts/build.sh is the run's, in its one line):
 {repo}/scripts/build.sh --base vllm/vllm-openai:glm53-flash-arm64-cu130 --to v13 --base-lock first-use
 # labels of glm53-sm121-v13 on the head: its base's vLLM release (glm53.base.vllm) and the layers that base provides (glm53.provided), for the start-up line; an image without them: unknown
 docker image inspect --format '{{json .Config.Labels}}' glm53-sm121-v13
@@ -215,8 +215,8 @@ def test_defaults_pinned_serve_dflash2_k7_with_graphs(tmp_path):
         "bytes (4.14 GiB fp8_e4m3), weight-only target int8 g128 shared,mla,kda_o,kda_in,lm_head, "
         "drafter nvfp4, image glm53-sm121-v13 (KPOOL_TAIL_FIX ADAPTIVE_VERIFY on; verify tau 0.3, "
         "max 7), nodes 192.0.2.1 192.0.2.2 (TP=2); API key in "
-        f"{tmp_path}/api-key: send 'Authorization: Bearer $(cat {tmp_path}/api-key)' to /v1; "
-        "/health, /metrics and vLLM's other routes outside /v1 stay open (docs/security.md)")
+        f"{tmp_path}/api-key: send 'Authorization: Bearer $(cat {tmp_path}/api-key)'; every "
+        "route but /health needs it (docs/security.md)")
 
 
 def test_pins_file_supplies_revisions_nothing_else_pins(tmp_path):
@@ -352,12 +352,14 @@ def test_extra_env_reaches_every_rank_after_the_launchers_own(tmp_path):
 
 
 def test_every_variable_the_launcher_sets_is_refused_in_extra_env(tmp_path):
-    argv = serve_commands(dry_run(tmp_path, HF_TOKEN_FILE="/tok", **PINNED))[1][1]
+    token = tmp_path / "tok"  # DRY_RUN refuses a token file the head cannot read, as the run
+    token.write_text("hf_x\n")
+    argv = serve_commands(dry_run(tmp_path, HF_TOKEN_FILE=token, **PINNED))[1][1]
     names = sorted({argv[i + 1].split("=", 1)[0] for i, word in enumerate(argv) if word == "--env"})
     assert len(names) == 31  # HF 2, engines 5, JIT caches 7, the link 11, levers 5, memory 1
     # The Python core's check itself, once per name (a whole run.sh each is slow).
     for name in names:
-        line = core_refusal(tmp_path, EXTRA_ENV=f"{name}=1", HF_TOKEN_FILE="/tok", **PINNED)
+        line = core_refusal(tmp_path, EXTRA_ENV=f"{name}=1", HF_TOKEN_FILE=token, **PINNED)
         assert line.startswith(f"refused: EXTRA_ENV={name}"), line
         assert (f"the launcher sets {name}: " in line or "looks like a credential" in line), line
 
@@ -407,7 +409,9 @@ def test_local_drafter_is_mounted_read_only_and_not_fetched(tmp_path):
 
 
 def test_local_model_is_mounted_and_has_no_revision(tmp_path):
-    stdout = dry_run(tmp_path, MODEL="/models/glm", DRAFTER_REVISION=DRAFTER_PIN)
+    # no such directory here: the scan DRY_RUN runs on this host would refuse it
+    stdout = dry_run(tmp_path, MODEL="/models/glm", DRAFTER_REVISION=DRAFTER_PIN,
+                     CHECKPOINT_SCAN="off")
     for _, argv in serve_commands(stdout).values():
         assert "type=bind,src=/models/glm,dst=/models/glm,readonly" in argv
         assert vllm_argv(argv)[:2] == ["serve", "/models/glm"]

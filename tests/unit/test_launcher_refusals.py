@@ -138,11 +138,11 @@ REFUSALS = [
     ({"EXTRA_ENV": "VLLM_API_KEY=sk-abc123"},
      ("EXTRA_ENV=VLLM_API_KEY=<hidden>: VLLM_API_KEY looks like a credential (holds TOKEN, KEY, "
       "SECRET or PASSWORD) and would show in docker inspect; accepted: engine settings only (the "
-      "Hub token goes in HF_TOKEN_FILE)")),
+      "API key goes in API_KEY_FILE, the Hub token in HF_TOKEN_FILE)")),
     ({"EXTRA_ENV": "HF_TOKEN=hf_abc"},
      ("EXTRA_ENV=HF_TOKEN=<hidden>: HF_TOKEN looks like a credential (holds TOKEN, KEY, SECRET or "
-      "PASSWORD) and would show in docker inspect; accepted: engine settings only (the Hub token "
-      "goes in HF_TOKEN_FILE)")),
+      "PASSWORD) and would show in docker inspect; accepted: engine settings only (the API key "
+      "goes in API_KEY_FILE, the Hub token in HF_TOKEN_FILE)")),
     ({"EXTRA_ENV": "NCCL_IB_HCA=mlx5_9"},
      "EXTRA_ENV=NCCL_IB_HCA=mlx5_9: the launcher sets NCCL_IB_HCA: set from HCA; set that instead"),
     ({"EXTRA_ENV": "VLLM_HOST_IP=10.0.0.1"},
@@ -250,6 +250,23 @@ REFUSALS = [
      ("EXTRA_ARGS=--no-trust-remote-code: --no-trust-remote-code would override "
       "--trust-remote-code, which the launcher sets: a fixed part of the seed's verified run "
       "(recipe.toml, [fixed])")),
+    ({"EXTRA_ARGS": "--api-key sk-abc123"},
+     ("EXTRA_ARGS=--api-key '<hidden>': --api-key would put a credential on every rank's command "
+      "line (ps, docker inspect) and in DRY_RUN's output; accepted: the API key in API_KEY_FILE, "
+      "which the launcher hands over without a command line")),
+    ({"EXTRA_ARGS": "--seed 7 --hf-tok=hf_abc"},
+     ("EXTRA_ARGS=--seed 7 '--hf-tok=<hidden>': --hf-tok (vLLM reads it as --hf-token) would put "
+      "a credential on every rank's command line (ps, docker inspect) and in DRY_RUN's output; "
+      "accepted: the Hub token in HF_TOKEN_FILE, which the launcher hands over without a command "
+      "line")),
+    ({"DOCKER_ARGS": "--gpus all -e HF_TOKEN=hf_abc"},
+     ("DOCKER_ARGS=--env HF_TOKEN=<hidden>: HF_TOKEN looks like a credential (holds TOKEN, KEY, "
+      "SECRET or PASSWORD) and would show on the docker command line and in docker inspect; "
+      "accepted: the API key in API_KEY_FILE, the Hub token in HF_TOKEN_FILE")),
+    ({"DOCKER_ARGS": "--env=VLLM_API_KEY=sk-abc123"},
+     ("DOCKER_ARGS=--env VLLM_API_KEY=<hidden>: VLLM_API_KEY looks like a credential (holds TOKEN, "
+      "KEY, SECRET or PASSWORD) and would show on the docker command line and in docker inspect; "
+      "accepted: the API key in API_KEY_FILE, the Hub token in HF_TOKEN_FILE")),
     ({"SSH": "ssh -o 'BatchMode=yes"}, f"SSH=ssh -o 'BatchMode=yes: {WORDS_WHY}"),
     ({"SSH": "''"}, "SSH='': accepted: a remote-exec command such as ssh -o BatchMode=yes"),
     ({"DOCKER_ARGS": '--gpus "all'}, f'DOCKER_ARGS=--gpus "all: {WORDS_WHY}'),

@@ -18,8 +18,8 @@ from recipekit.layers import PATCHERS, load_layer, run_layer
 from recipekit.vllm_sources import known_trees
 
 # The images' order: each Dockerfile runs its layer, then the patchers named after it.
-CHAIN = ("v8", "v8_moe_scales", "v8_linear_scales", "v9", "v10", "v11", "v11_dflash_block_drop",
-         "v13", "v13_weights")
+CHAIN = ("v8", "v8_moe_scales", "v8_linear_scales", "v8_api_key", "v9", "v10", "v11",
+         "v11_dflash_block_drop", "v13", "v13_weights")
 TREES = ("0.27.1", "fork", "0.30.0", "0.33.0", "0.34.0")
 # The FlashInfer each tree's image carries beside vLLM, so that v8's F1-F3 answer too: the
 # fork set's 0.6.18, 0.33.0's own 0.7.2.post1, and for 0.34.0 (0.7.3, not on PyPI) 0.7.4
