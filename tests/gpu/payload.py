@@ -205,8 +205,9 @@ def launcher_rank0(model: str, k: int = 3) -> dict:
     from tests.unit.test_launcher_support import dry_run, serve_commands
 
     with tempfile.TemporaryDirectory() as scratch:
+        # MODEL is the path inside the GPU machine's servers, not on this host: no host scan
         stdout = dry_run(Path(scratch), nodes=1, MODEL=model, MODEL_REVISION=None,
-                         NUM_SPECULATIVE_TOKENS=str(k))
+                         NUM_SPECULATIVE_TOKENS=str(k), CHECKPOINT_SCAN="off")
     (_, docker), = serve_commands(stdout).values()
     argv, container = rank_launch(docker)
     return {"argv": argv, "env": container["env"]}

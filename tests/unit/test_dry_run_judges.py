@@ -254,8 +254,9 @@ def test_dry_run_says_what_the_scan_found_on_this_host(tmp_path, checkpoints):
     assert comment.endswith("; on this host it found: ModelOpt NVFP4 (modelopt 0.45.0); modules "
                             "24 NVFP4, 20 BF16; gate/up weight_scale_2 differ in 3 of 8 routed "
                             f"experts, largest ratio 4 at model.layers.2.mlp.experts.0 (decode "
-                            f"scale up/gate 0.25); {IMAGE} corrects them (layer v8 and later "
-                            "fold each half's global scale into its block scales)"), comment
+                            f"scale up/gate 0.25); no NVFP4 merged linears; {IMAGE} corrects "
+                            "them (layer v8 and later apply each half's and shard's own global "
+                            "scale)"), comment
 
 
 def test_without_the_host_judgements_dry_run_would_miss_the_runs_local_refusals():

@@ -218,8 +218,9 @@ def test_dry_run_shows_the_step_for_a_local_model_only(tmp_path):
     python.write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
     python.chmod(0o755)
     found = ("; on this host it found: ModelOpt NVFP4 (modelopt 0.47.0); modules 35 BF16, 27 "
-             "NVFP4; gate/up weight_scale_2 equal in all 8 routed experts; nothing to fix: every "
-             "routed expert's gate and up global scales are equal")
+             "NVFP4; gate/up weight_scale_2 equal in all 8 routed experts; merged linears: dense "
+             "MLP gate_up 0 of 1 group unequal; nothing to fix: every fused group's global "
+             "scales are equal")
     assert comments(MODEL=model)[0].endswith("does not correct, or a directory the scan cannot "
                                              "read: refused" + found)
     assert comments(MODEL=model, CHECKPOINT_SCAN="warn")[0].endswith(
