@@ -171,9 +171,9 @@ def checkpoint_scan(the_plan: Plan, scanned: str | None) -> list[Step]:
     then = {"refuse": "refused", "warn": "said loudly (CHECKPOINT_SCAN=warn), the run goes on"}
     found = f"; on this host it found: {scanned}" if scanned else ""
     step = Step(f"checkpoint: scan {launch['MODEL']} in {launch['IMAGE']} on the head (config, "
-                "safetensors headers and the routed experts' gate/up global scales; no weights "
-                f"loaded) and print its summary; gate/up scales {launch['IMAGE']} does not "
-                f"correct, or a directory the scan cannot read: "
+                "safetensors headers and the global scales of every group vLLM fuses; no "
+                f"weights loaded) and print its summary; fused-group scales {launch['IMAGE']} "
+                "does not correct, a checkpoint the scan refuses, or a directory it cannot read: "
                 f"{then[launch['CHECKPOINT_SCAN']]}{found}")
     return [step.on(0, the_plan.scan_checkpoint)]
 

@@ -221,8 +221,8 @@ def test_dry_run_shows_the_step_for_a_local_model_only(tmp_path):
              "NVFP4; gate/up weight_scale_2 equal in all 8 routed experts; merged linears: dense "
              "MLP gate_up 0 of 1 group unequal; nothing to fix: every fused group's global "
              "scales are equal")
-    assert comments(MODEL=model)[0].endswith("does not correct, or a directory the scan cannot "
-                                             "read: refused" + found)
+    assert comments(MODEL=model)[0].endswith("does not correct, a checkpoint the scan refuses, "
+                                             "or a directory it cannot read: refused" + found)
     assert comments(MODEL=model, CHECKPOINT_SCAN="warn")[0].endswith(
         "said loudly (CHECKPOINT_SCAN=warn), the run goes on" + found)
     assert comments(MODEL="/models/glm", CHECKPOINT_SCAN="off") == []
