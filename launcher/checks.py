@@ -348,6 +348,14 @@ def _extra_env(checked: Checked, knob: Knob) -> None:
                           f"starting with {' '.join(knob.prefixes)}")
 
 
+def _gpu_clock(checked: Checked, knob: Knob) -> None:
+    value = checked["GPU_CLOCK_MHZ"]
+    low, _, high = value.partition(",")
+    if high and int(low) > int(high):
+        raise refusal("GPU_CLOCK_MHZ", value, f"the lowest clock {low} MHz is above the highest "
+                      f"{high}; accepted: N, or MIN,MAX with MIN at most MAX")
+
+
 RULES: dict[str, Callable[[Checked, Knob], None]] = {
     "drafter": _drafter, "above_zero": _above_zero, "generation_config": _generation_config,
     "serving_image": _serving_image, "model": _model, "model_revision": _model_revision,
@@ -355,6 +363,7 @@ RULES: dict[str, Callable[[Checked, Knob], None]] = {
     "remote_exec": _remote_exec, "extra_args": _extra_args, "extra_env": _extra_env,
     "kpool_ring": _kpool_ring, "adaptive_verify": _adaptive_verify,
     "adaptive_verify_max": _adaptive_verify_max, "skip_mtp_weights": _skip_mtp_weights,
+    "gpu_clock": _gpu_clock,
 }
 
 
