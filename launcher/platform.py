@@ -75,10 +75,10 @@ def now() -> str:
 
 
 def read_cluster(nodes: Nodes, image: str, docker_args: list[str]) -> dict:
-    """Every node's probe, head first."""
+    """Every node's probe, head first, each with its one-line description ("line")."""
+    read = [read_node(nodes, index, image, docker_args) for index in range(len(nodes.addresses))]
     return {"schema": SCHEMA, "at": now(),
-            "nodes": [read_node(nodes, index, image, docker_args)
-                      for index in range(len(nodes.addresses))]}
+            "nodes": [{**doc, "line": describe(doc)} for doc in read]}
 
 
 def bandwidth(doc: dict) -> float | None:
