@@ -11,7 +11,8 @@ value):
 - bandwidth: device memory read bandwidth in GB/s. `torch.sum` over a float32 buffer of
   L2_MULTIPLE times the device's L2 (within MIN_BUFFER..MAX_BUFFER), so that no pass can be
   served from the cache; each timed run (CUDA events) is enough passes to last about
-  RUN_MS; the figure is the median of RUNS runs after WARMUP_RUNS. Bytes read / time.
+  RUN_MS (timed from a pass after the first, which loads the kernel); the figure is the
+  median of RUNS runs after WARMUP_RUNS. Bytes read / time.
 - clocks: SM and memory clocks, their maxima and the active clock-event (throttle) reasons,
   from nvidia-smi (mounted by the NVIDIA container toolkit with the driver); `locked` is
   whether "applications clocks setting" is among them, the reason NVML gives while clocks
@@ -219,9 +220,10 @@ def measure_bandwidth(torch) -> dict:
         return {"why": f"only {free / MIB:.0f} MiB free on the device, under twice the "
                        f"{size // MIB} MiB buffer"}
     buffer = torch.ones(size // 4, dtype=torch.float32, device="cuda")
-    one = _timed_ms(torch, buffer, 1)  # also the first warm-up
+    _timed_ms(torch, buffer, 1)  # the first launch loads the kernel: never a measure of a pass
+    one = _timed_ms(torch, buffer, 1)
     passes = max(1, min(MAX_PASSES, math.ceil(RUN_MS / one))) if one > 0 else MAX_PASSES
-    for _ in range(WARMUP_RUNS - 1):
+    for _ in range(WARMUP_RUNS):
         _timed_ms(torch, buffer, passes)
     runs = []
     for _ in range(RUNS):

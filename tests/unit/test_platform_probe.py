@@ -132,6 +132,16 @@ def test_the_read_kernel_reports_the_bandwidth_its_bytes_took(fake_gpu, monkeypa
                                "13 passes (CUDA events) after 2 warm-ups")
 
 
+def test_a_slow_first_launch_does_not_set_the_passes(fake_gpu, monkeypatch):
+    """The first launch loads the kernel (tens of ms on an H100): timed alone it would make
+    every run one pass long, and launch overhead part of the figure."""
+    import torch
+
+    monkeypatch.setenv("FAKE_TORCH_COLD_MS", "50")
+    found = probe.measure_bandwidth(torch)
+    assert (found["gb_s"], found["passes_per_run"]) == (250.0, 13)
+
+
 def test_the_read_kernel_refuses_to_crowd_the_device_and_needs_cuda(fake_gpu, monkeypatch):
     import torch
 
