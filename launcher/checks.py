@@ -98,13 +98,14 @@ def _bounds(checked: Checked, knob: Knob) -> None:
     value = checked.values[knob.name]
     if not knob.force or checked.values[knob.force] == "1" or value == "":
         return
-    context = {"safe_max": knob.safe_max, **checked.recipe.knobs}
-    why = knob.unsafe_why.format(**context)
+    context = {"safe_max": knob.safe_max, "value": value, **checked.recipe.knobs}
+    why = knob.unsafe_why_by.get(value, knob.unsafe_why).format(**context)
     if knob.safe_max is not None and int(value) > knob.safe_max:
         raise refusal(knob.name, value, f"{why}; accepted: {knob.min}..{knob.safe_max}, or set "
                       f"{knob.force}=1")
-    if knob.safe and value != knob.safe:
-        raise refusal(knob.name, value, f"{why}; accepted: {knob.safe}, or set {knob.force}=1")
+    if knob.safe and value not in knob.safe:
+        raise refusal(knob.name, value, f"{why}; accepted: {' | '.join(knob.safe)}, or set "
+                      f"{knob.force}=1")
 
 
 def _required(checked: Checked, knob: Knob) -> None:
@@ -348,6 +349,15 @@ def _extra_env(checked: Checked, knob: Knob) -> None:
                           f"starting with {' '.join(knob.prefixes)}")
 
 
+def _draft_tp(checked: Checked, knob: Knob) -> None:
+    if checked["DRAFT_TP"] == "1":
+        raise refusal("DRAFT_TP", "1", "vLLM's DFlash and DFlash2 loader (v1/worker/gpu/"
+                      "spec_decode/dflash/utils.py, load_dflash_model, in 0.30.0, 0.33.0, 0.34.0 "
+                      "and the vendor fork) builds the drafter with the target's parallel config "
+                      "and never reads draft_tensor_parallel_size, so the drafter would still be "
+                      "split across the nodes; accepted: target")
+
+
 def _gpu_clock(checked: Checked, knob: Knob) -> None:
     value = checked["GPU_CLOCK_MHZ"]
     low, _, high = value.partition(",")
@@ -363,7 +373,7 @@ RULES: dict[str, Callable[[Checked, Knob], None]] = {
     "remote_exec": _remote_exec, "extra_args": _extra_args, "extra_env": _extra_env,
     "kpool_ring": _kpool_ring, "adaptive_verify": _adaptive_verify,
     "adaptive_verify_max": _adaptive_verify_max, "skip_mtp_weights": _skip_mtp_weights,
-    "gpu_clock": _gpu_clock,
+    "gpu_clock": _gpu_clock, "draft_tp": _draft_tp,
 }
 
 

@@ -112,7 +112,7 @@ def describe(doc: dict) -> str:
         parts.append(f"bandwidth not measured ({why_not(doc, 'bandwidth')})")
     else:
         reading = doc["bandwidth"]
-        parts.append(f"read {gb_s:.1f} GB/s ({reading.get('device', 'GPU')}, "
+        parts.append(f"read {gb_s:.1f} GB/s ({reading.get('device', 'device unnamed')}, "
                      f"{reading.get('buffer_bytes', 0) >> 20} MiB buffer)")
     clock = doc["clocks"]
     if "sm_mhz" in clock:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 import os
 import statistics
 import subprocess
@@ -122,7 +123,7 @@ def parse_uptime(text: str) -> dict:
 
 
 def page_kib() -> int:
-    return os.sysconf("SC_PAGE_SIZE") // 1024
+    return mmap.PAGESIZE // 1024
 
 
 def proc_part(name: str, parse) -> dict:

@@ -307,7 +307,9 @@ class Serving:
         is refused. An image without the labels is unknown: nothing refused."""
         self.base = image_base.read(self.nodes, self["IMAGE"])
         refused = image_base.retired_refusal(self["IMAGE"], self.base,
-                                             self.checked.words["EXTRA_ENV"])
+                                             self.checked.words["EXTRA_ENV"]) or \
+            image_base.b12x_refusal(self["IMAGE"], self.base, self["MOE_BACKEND"],
+                                    self["FORCE_UNSAFE_MOE"] == "1")
         if refused:
             raise refused
 

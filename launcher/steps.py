@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from launcher import (apikey, extra_args, gpus, host_levers, image_base, memguard, plan,
                       platform, preflight)
-from recipekit import baselock
+from recipekit import baselock, sm121_packages
 from recipekit.text_integrity import FIELD_MAX_TOKENS
 from launcher.plan import UNPINNED, Launch, Plan
 from launcher.remote import Nodes
@@ -143,6 +143,9 @@ def image_labels(launch: Launch) -> Step:
     retired = image_base.retired_asked(launch.checked.words["EXTRA_ENV"])
     refused = "".join(f"; EXTRA_ENV's {word} refused on a base of vLLM {entry.since} or later"
                       for word, entry in retired)
+    if launch["MOE_BACKEND"] == image_base.B12X and launch["FORCE_UNSAFE_MOE"] != "1":
+        refused += (f"; MOE_BACKEND=b12x refused unless its {image_base.PACKAGES_LABEL} lists "
+                    f"b12x (layer v8 installs it on bases of vLLM {sm121_packages.b12x_bases()})")
     return Step(f"labels of {launch['IMAGE']} on the head: its base's vLLM release "
                 f"({image_base.BASE_VLLM_LABEL}) and the layers that base provides "
                 f"({image_base.PROVIDED_LABEL}), for the start-up line; an image without them: "

@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import subprocess
 
-import pytest
-
 from launcher import host_levers
 from tests.timing import HANG_GUARD_S
 from tests.unit.test_launcher_lifecycle import HEAD, WORKER, calls, make_cluster, serve
@@ -162,22 +160,6 @@ def test_a_record_that_cannot_be_read_stops_stop_in_one_line(tmp_path):
     assert result.returncode == 1
     assert result.stderr.startswith(f"glm53: cannot read {tmp_path}/runs/gpu-clocks.json (the "
                                     "GPU clocks run.sh locked): ")
-
-
-@pytest.mark.parametrize("value, why", [
-    ("2150MHz", "accepted: MHz as N (locked at N) or MIN,MAX (e.g. 2150 or 1200,2150), or empty"),
-    ("2200,2100", "the lowest clock 2200 MHz is above the highest 2100; accepted: N, or MIN,MAX "
-                  "with MIN at most MAX"),
-])
-def test_a_wrong_clock_is_refused_in_one_line(tmp_path, value, why):
-    result = run(tmp_path, GPU_CLOCK_MHZ=value)
-    assert (result.returncode, result.stderr) == (2, f"refused: GPU_CLOCK_MHZ={value}: {why}\n")
-
-
-def test_a_wrong_compaction_flag_is_refused_in_one_line(tmp_path):
-    result = run(tmp_path, COMPACT_MEMORY="yes")
-    assert (result.returncode, result.stderr) == (
-        2, "refused: COMPACT_MEMORY=yes: accepted: 0 | 1\n")
 
 
 # ----------------------------------------------------------------------------- doctor --platform

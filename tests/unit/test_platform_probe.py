@@ -6,6 +6,7 @@ this machine's /proc, the parts a CPU can read."""
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import subprocess
 import sys
@@ -172,7 +173,7 @@ def test_the_script_on_fakes_prints_every_part(fake_gpu):
     assert doc["bandwidth"]["gb_s"] == 238.0
     assert doc["clocks"]["locked"] is False
     assert doc["memory"]["available_kib"] == 104857600
-    page = os.sysconf("SC_PAGE_SIZE") // 1024
+    page = mmap.PAGESIZE // 1024
     assert doc["fragmentation"] == probe.parse_buddyinfo(BUDDYINFO, page)
     assert doc["uptime"] == {"seconds": 93784.51}
     line = platform.describe({"node": "192.0.2.1", "role": "head", **doc})
