@@ -168,7 +168,8 @@ FASTEST_PROFILE = "field-fastest"
 
 def compare_line(reference: str, candidate: str) -> str:
     """The scripts/compare command that judges CANDIDATE against REFERENCE (shell words)."""
-    return f"scripts/compare --reference {shlex.quote(reference)} --candidate {shlex.quote(candidate)}"
+    return (f"scripts/compare --reference {shlex.quote(reference)} "
+            f"--candidate {shlex.quote(candidate)}")
 
 
 def _lever_knobs(recipe: Recipe, lever) -> str:

@@ -203,7 +203,8 @@ def _knob(name: str, table: dict, sources: dict) -> Knob:
     safe = (safe,) if isinstance(safe, str) else _words(safe, f"{where} safe")
     unsafe = table.get("unsafe_why", "")
     if isinstance(unsafe, dict):
-        by_value = {value: _text(why, f"{where} unsafe_why.{value}") for value, why in unsafe.items()}
+        by_value = {value: _text(why, f"{where} unsafe_why.{value}")
+                    for value, why in unsafe.items()}
         if "*" not in by_value:
             raise RecipeError(f"recipe.toml: {where} unsafe_why is a table without \"*\" (the "
                               "reason of every value it does not name)")

@@ -158,8 +158,9 @@ SCENARIOS = {
     # resetting the clocks a record lists
     "host-levers": ("run.sh", 2, {"COMPACT_MEMORY": 1, "GPU_CLOCK_MHZ": "2150", **PINNED}, None),
     "b12x": ("run.sh", 2, {"MOE_BACKEND": "b12x", **PINNED}, None),
-    "field-fastest": ("run.sh", 2, {"PROFILE": "field-fastest", "FORCE_UNSAFE_WEIGHTS": 1,
-                                    **PINNED}, None),
+    "field-fastest": ("run.sh", 2, {"MOE_BACKEND": "b12x", "TARGET_WEIGHT_FORMAT": "nvfp4",
+                                    "COMPACT_MEMORY": 1, "GPU_CLOCK_MHZ": "0,2150",
+                                    "FORCE_UNSAFE_WEIGHTS": 1, **PINNED}, None),
     "stop-clock-record": ("stop.sh", 2, {}, _clock_record),
     "stop-2-nodes": ("stop.sh", 2, {}, None),
     "stop-3-nodes": ("stop.sh", 3, {}, None),
