@@ -10,7 +10,7 @@ test_launcher_engine.py covers it), MAX_NUM_SEQS 8 (the integrity probes' eleven
 answers in two waves, not six), no self-check (tests/compare_cluster.py: compare's probes
 ask what it asks, and more), no memory guard or preflight.
 
-Three runs, five boots (about a minute and a half each here):
+Four runs, six boots (about a minute and a half each here):
 1. an identical candidate (three boots): passes the gate, lossless and both receipts, and
    fails only the integrity probes, on every boot: the random tiny target writes no tool
    call, and its random byte tokens are no text;
@@ -18,7 +18,10 @@ Three runs, five boots (about a minute and a half each here):
    boots (--reference-from), its engine SIGKILLed as the boot becomes ready: reported as the
    candidate's boot, failed during the quality gate, with no rank and no engine process left;
 3. --resume of run 2: the reference boots reused, the candidate booted again, and failed on
-   the gate's numbers (mean KL and top-1 beyond the A/A band, 0 and 1.0 on CPU).
+   the gate's numbers (mean KL and top-1 beyond the A/A band, 0 and 1.0 on CPU);
+4. docs/levers.md's line for PROFILE=field-fastest (B12X, NVFP4 target groups, compaction, a
+   clock cap), reusing run 1's reference boots: one more boot, judged as run 1's candidate,
+   its bench carrying the platform probe at its start and end.
 """
 
 from __future__ import annotations
