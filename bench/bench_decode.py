@@ -44,7 +44,7 @@ if __name__ == "__main__":  # a missing package: one line naming the install com
 
 import aiohttp
 
-from bench import max_num_seqs, prompts, report, server_url, turns
+from bench import max_num_seqs, platform_state, prompts, report, server_url, turns
 from bench.progress import BenchProgress
 from bench.server_metrics import (
     MetricsSnapshot,
@@ -128,6 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds a stream may wait for its next bytes (default 600)")
     p.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
                    help="let the model stop early (default: ignore_eos, exactly max-tokens)")
+    p.add_argument("--platform", choices=platform_state.MODES, default="auto",
+                   help="auto (default): record the platform probe of every rank at the start "
+                        "and the end (scripts/doctor --platform --json; where the launcher "
+                        "cannot reach the ranks, why not); off: record that it was not asked")
     p.add_argument("--json", dest="json_path", metavar="FILE", help="write the result file")
     p.add_argument("--quiet", action="store_true", help="no progress display")
     p.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"),
@@ -269,6 +273,7 @@ async def run_bench(opts: argparse.Namespace, progress: BenchProgress) -> dict:
                        "max_num_seqs": seqs.to_json()},
             "started_at": _now_iso(), "finished_at": None,
             "waves": [], "cells": [], "notes": [],
+            "platform": {"start": await asyncio.to_thread(platform_state.measure, opts.platform)},
         }
         if seqs.value is None and phases:
             doc["notes"].append(f"max_num_seqs {seqs.source}")
@@ -295,6 +300,7 @@ async def run_bench(opts: argparse.Namespace, progress: BenchProgress) -> dict:
             except turns.TurnsError as exc:
                 raise BenchError(str(exc)) from exc
     cpu = time.process_time() - cpu0
+    doc["platform"]["end"] = await asyncio.to_thread(platform_state.measure, opts.platform)
     doc["finished_at"] = _now_iso()
     doc["self_cost"] = {"cpu_seconds": cpu, "streamed_tokens": streamed,
                         "cpu_seconds_per_1000_tokens": (cpu / streamed * 1000 if streamed
@@ -416,6 +422,7 @@ def main(argv: list[str] | None = None) -> int:
         print(report.markdown_table(doc["cells"]))
     if "turns" in doc:
         print(("\n" if doc["cells"] else "") + turns.markdown_table(doc["turns"]))
+    print("\n" + "\n".join(platform_state.lines(doc["platform"])))
     problems = failure_summary(doc)
     if problems:
         print("\nbench_decode: FAILED\n" + "\n".join(problems), file=sys.stderr)

@@ -105,13 +105,14 @@ def _bounds(checked: Checked, knob: Knob) -> None:
     value = checked.values[knob.name]
     if not knob.force or checked.values[knob.force] == "1" or value == "":
         return
-    context = {"safe_max": knob.safe_max, **checked.recipe.knobs}
-    why = knob.unsafe_why.format(**context)
+    context = {"safe_max": knob.safe_max, "value": value, **checked.recipe.knobs}
+    why = knob.unsafe_why_by.get(value, knob.unsafe_why).format(**context)
     if knob.safe_max is not None and int(value) > knob.safe_max:
         raise refusal(knob.name, value, f"{why}; accepted: {knob.min}..{knob.safe_max}, or set "
                       f"{knob.force}=1")
-    if knob.safe and value != knob.safe:
-        raise refusal(knob.name, value, f"{why}; accepted: {knob.safe}, or set {knob.force}=1")
+    if knob.safe and value not in knob.safe:
+        raise refusal(knob.name, value, f"{why}; accepted: {' | '.join(knob.safe)}, or set "
+                      f"{knob.force}=1")
 
 
 def _required(checked: Checked, knob: Knob) -> None:
@@ -417,6 +418,23 @@ def _docker_args(checked: Checked, knob: Knob) -> None:
                           "in API_KEY_FILE, the Hub token in HF_TOKEN_FILE")
 
 
+def _draft_tp(checked: Checked, knob: Knob) -> None:
+    if checked["DRAFT_TP"] == "1":
+        raise refusal("DRAFT_TP", "1", "vLLM's DFlash and DFlash2 loader (v1/worker/gpu/"
+                      "spec_decode/dflash/utils.py, load_dflash_model, in 0.30.0, 0.33.0, 0.34.0 "
+                      "and the vendor fork) builds the drafter with the target's parallel config "
+                      "and never reads draft_tensor_parallel_size, so the drafter would still be "
+                      "split across the nodes; accepted: target")
+
+
+def _gpu_clock(checked: Checked, knob: Knob) -> None:
+    value = checked["GPU_CLOCK_MHZ"]
+    low, _, high = value.partition(",")
+    if high and int(low) > int(high):
+        raise refusal("GPU_CLOCK_MHZ", value, f"the lowest clock {low} MHz is above the highest "
+                      f"{high}; accepted: N, or MIN,MAX with MIN at most MAX")
+
+
 RULES: dict[str, Callable[[Checked, Knob], None]] = {
     "drafter": _drafter, "above_zero": _above_zero, "generation_config": _generation_config,
     "serving_image": _serving_image, "model": _model, "model_revision": _model_revision,
@@ -425,6 +443,7 @@ RULES: dict[str, Callable[[Checked, Knob], None]] = {
     "docker_args": _docker_args,
     "kpool_ring": _kpool_ring, "adaptive_verify": _adaptive_verify,
     "adaptive_verify_max": _adaptive_verify_max, "skip_mtp_weights": _skip_mtp_weights,
+    "gpu_clock": _gpu_clock, "draft_tp": _draft_tp,
 }
 
 

@@ -17,8 +17,8 @@ from launcher.settings import Failed, Refused, RefusedAbove, resolve
 from recipekit import recipe
 
 ROOT = Path(__file__).resolve().parent.parent
-# What stop.sh needs of the settings.
-STOP_KNOBS = ("DRY_RUN", "NODES", "TP", "SSH")
+# What stop.sh needs of the settings (RUNS_DIR: the record of the GPU clocks run.sh locked).
+STOP_KNOBS = ("DRY_RUN", "NODES", "TP", "SSH", "RUNS_DIR")
 
 
 def load(environ=None, only=None, the_recipe=None) -> checks.Checked:
@@ -56,7 +56,7 @@ def main(argv: list[str]) -> int:
         if command == "doctor":
             from launcher import doctor
 
-            return doctor.main(load())
+            return doctor.main(load(), argv[1:])
         if command == "compare":
             from launcher.compare import command as compare
 

@@ -18,12 +18,13 @@ import re
 import shutil
 import subprocess
 
-from launcher import apikey, plan, preflight
+from launcher import apikey, host_levers, plan, platform, preflight
 from launcher.checks import Checked
 from launcher.serve import nodes_of
 from launcher.settings import Failed
 
 EXIT_READY, EXIT_MISSING, EXIT_LOADING, EXIT_MISMATCH, EXIT_DOWN = 0, 3, 4, 5, 6
+EXIT_UNMEASURED = 7  # --platform: a node's read bandwidth could not be measured
 SSH_UNREACHABLE = 255
 # What docker prints when the daemon answered that the container is not there (docker
 # inspect's "Error: No such object: NAME"; older clients "No such container: NAME"); any
@@ -263,7 +264,31 @@ class Doctor:
         return "ready", EXIT_READY
 
 
-def main(checked: Checked) -> int:
+def platform_report(checked: Checked, as_json: bool) -> int:
+    """--platform: every node's platform probe (launcher/platform.py), and what run.sh locked
+    (launcher/host_levers.py's record); a line a node, or one JSON object."""
+    nodes = nodes_of(checked)
+    doc = platform.read_cluster(nodes, checked["IMAGE"], checked.words["DOCKER_ARGS"])
+    doc["clock_lock"] = host_levers.read_record(checked["RUNS_DIR"])
+    unmeasured = [node for node in doc["nodes"] if platform.bandwidth(node) is None]
+    if as_json:
+        print(json.dumps(doc), flush=True)
+    else:
+        for node in doc["nodes"]:
+            finding(f"{platform.label(node)}: {platform.describe(node)}")
+        finding(host_levers.describe_record(doc["clock_lock"]))
+        outcome = ("bandwidth not measured on " + ", ".join(node["node"] for node in unmeasured)
+                   if unmeasured else "measured on every node")
+        finding(f"platform {outcome} (exit {EXIT_UNMEASURED if unmeasured else EXIT_READY})")
+    return EXIT_UNMEASURED if unmeasured else EXIT_READY
+
+
+def main(checked: Checked, args: list[str] | None = None) -> int:
+    args = args or []
+    if "--platform" in args:
+        if not shutil.which("docker"):
+            raise Failed("docker is not installed on the head")
+        return platform_report(checked, "--json" in args)
     for tool in ("docker", "curl"):
         if not shutil.which(tool):
             raise Failed(f"{tool} is not installed on the head")

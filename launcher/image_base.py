@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from launcher.remote import Nodes
 from launcher.settings import Refused, refusal
-from recipekit import image_labels
+from recipekit import image_labels, sm121_packages
 
 BASE_VLLM_LABEL = image_labels.BASE_VLLM
 PROVIDED_LABEL = image_labels.PROVIDED
@@ -45,9 +45,15 @@ class ImageBase:
     """The labels' facts; empty where the image does not say."""
     vllm: str = ""  # the base's vLLM version, "" when unknown (no label, or "-")
     provided: tuple[str, ...] = ()  # chain layers the base provides natively
+    labelled: bool = False  # the image has the chain's labels at all
+    packages: tuple[tuple[str, str], ...] = ()  # (name, version) layer v8 installed
 
 
 UNKNOWN = ImageBase()
+PACKAGES_LABEL = image_labels.PACKAGES
+# MOE_BACKEND's value that needs a package of its own in the image: v8 installs b12x where
+# the base's vLLM names it (patches/v8/packages-vllm-*.txt), and the label lists it.
+B12X = "b12x"
 
 
 def labels_argv(image: str) -> list[str]:
@@ -65,7 +71,34 @@ def parse(text: str | None) -> ImageBase:
         return UNKNOWN
     vllm, provided = labels.get(BASE_VLLM_LABEL), labels.get(PROVIDED_LABEL)
     vllm = vllm.strip() if isinstance(vllm, str) and vllm.strip() != "-" else ""
-    return ImageBase(vllm, tuple(provided.split()) if isinstance(provided, str) else ())
+    listed = labels.get(PACKAGES_LABEL)
+    packages = tuple(tuple(pin.strip().split("==", 1)) for pin in listed.split(",")
+                     if "==" in pin) if isinstance(listed, str) else ()
+    return ImageBase(vllm, tuple(provided.split()) if isinstance(provided, str) else (),
+                     BASE_VLLM_LABEL in labels, packages)
+
+
+def carried(base: ImageBase, package: str) -> str:
+    """The version of PACKAGE the image's v8 installed, or ""."""
+    return dict(base.packages).get(package, "")
+
+
+def b12x_refusal(image: str, base: ImageBase, moe_backend: str, forced: bool) -> Refused | None:
+    """MOE_BACKEND=b12x on an IMAGE whose labels do not list the b12x package (the vendor
+    fork's vLLM has no b12x backend, and v8 installs b12x only where the base's vLLM names
+    it); an image without the chain's labels cannot say, and is refused too unless
+    FORCE_UNSAFE_MOE=1 (FORCED) passes it as asked."""
+    if moe_backend != B12X or carried(base, B12X) or forced:
+        return None
+    if not base.labelled:
+        said = "has no labels of the image chain, so nothing says it carries the b12x package"
+    else:
+        who = f"vLLM {base.vllm}" if base.vllm else "an unknown vLLM release"
+        said = (f"is built on {who}, and its layer v8 installed no b12x package (v8 installs "
+                f"the release a base's vLLM names for its b12x extra, on vLLM "
+                f"{sm121_packages.b12x_bases()}; the vendor fork's vLLM has no b12x backend)")
+    return refusal("MOE_BACKEND", moe_backend, f"IMAGE={image} {said}; accepted: marlin, an IMAGE "
+                   "the chain built on such a base, or FORCE_UNSAFE_MOE=1 to pass it as asked")
 
 
 def read(nodes: Nodes, image: str) -> ImageBase:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher import apikey, image_base, pins
@@ -187,6 +187,12 @@ class Plan:
     # The scan of a local MODEL on the head (CHECKPOINT_SCAN), or [] when there is none.
     scan_checkpoint: list[str]
     ranks: list[RankPlan]
+    # Every node's host levers before the ranks start ([] when off): the GPU clock lock
+    # (GPU_CLOCK_MHZ), the memory compaction (COMPACT_MEMORY) and the platform probe in a
+    # container of IMAGE that reads the bandwidth around it (launcher/host_levers.py).
+    lock_clocks: list[str] = field(default_factory=list)
+    compact_memory: list[str] = field(default_factory=list)
+    probe: list[str] = field(default_factory=list)
 
 
 def build(checked: Checked, nodes: Nodes, root: Path, resolved: Mapping[str, str] | None = None,
@@ -208,7 +214,13 @@ def build(checked: Checked, nodes: Nodes, root: Path, resolved: Mapping[str, str
         fetch_snapshot=fetch_snapshot_argv(launch) if hub_drafter else [],
         prepare_drafter=prepare_drafter_argv(launch) if launch.dflash2 else [],
         scan_checkpoint=scan_checkpoint_argv(launch) if scans_checkpoint(launch) else [],
-        ranks=rank_plans(launch))
+        ranks=rank_plans(launch),
+        lock_clocks=lock_clocks_argv(launch["IMAGE"], launch.checked.words["DOCKER_ARGS"],
+                                     launch["GPU_CLOCK_MHZ"]) if launch["GPU_CLOCK_MHZ"] else [],
+        compact_memory=compact_memory_argv(launch["IMAGE"])
+        if launch["COMPACT_MEMORY"] == "1" else [],
+        probe=probe_in_image_argv(launch["IMAGE"], launch.checked.words["DOCKER_ARGS"])
+        if launch["COMPACT_MEMORY"] == "1" else [])
 
 
 # ----------------------------------------------------------------------------- speculation
@@ -430,6 +442,47 @@ def host_scan_argv(root: Path, model: str) -> list[str]:
     """The same scan on this host, for DRY_RUN: this checkout's scripts/scan-checkpoint (it
     finds or builds the recipe's tool environment for safetensors)."""
     return ["python3", str(root / "scripts" / "scan-checkpoint"), model, "--json"]
+
+
+# A throwaway container of the serving image, allowed to write the host's kernel settings and
+# to set the GPU's clocks: the docker group run.sh needs is root-equivalent already, so no
+# sudo is asked of a node (docs/launcher.md, host levers).
+PRIVILEGED = ("docker", "run", "--rm", "--label", TOOL_LABEL, "--privileged", "--network", "none")
+COMPACT_MEMORY_SCRIPT = "echo 1 > /proc/sys/vm/compact_memory"
+
+
+def compact_memory_argv(image: str) -> list[str]:
+    """The kernel compacts every zone's free memory into large blocks (vm.compact_memory)."""
+    return [*PRIVILEGED, "--entrypoint", "sh", image, "-c", COMPACT_MEMORY_SCRIPT]
+
+
+def clock_range(mhz: str) -> str:
+    """GPU_CLOCK_MHZ as nvidia-smi's MIN,MAX: N locks at N (N,N)."""
+    return mhz if "," in mhz else f"{mhz},{mhz}"
+
+
+def lock_clocks_argv(image: str, docker_args: list[str], mhz: str) -> list[str]:
+    """nvidia-smi locks every GPU of the node in the range (DOCKER_ARGS gives the GPU)."""
+    return [*PRIVILEGED, *docker_args, "--entrypoint", "nvidia-smi", image,
+            f"--lock-gpu-clocks={clock_range(mhz)}"]
+
+
+def reset_clocks_argv(image: str, docker_args: list[str]) -> list[str]:
+    """nvidia-smi gives the clocks back to the driver (what stop.sh runs)."""
+    return [*PRIVILEGED, *docker_args, "--entrypoint", "nvidia-smi", image,
+            "--reset-gpu-clocks"]
+
+
+def probe_in_image_argv(image: str, docker_args: list[str]) -> list[str]:
+    """The platform probe (launcher/platform_probe.py, on stdin) in a throwaway container of
+    IMAGE; DOCKER_ARGS gives it the GPU."""
+    return ["docker", "run", "--rm", "-i", "--label", TOOL_LABEL, "--network", "none",
+            *docker_args, "--entrypoint", "python3", image, "-"]
+
+
+def probe_in_rank_argv(rank: int) -> list[str]:
+    """The platform probe (on stdin) in RANK's running container."""
+    return ["docker", "exec", "-i", rank_container(rank), "python3", "-"]
 
 
 def image_id_argv(image: str) -> list[str]:

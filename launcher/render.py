@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from pathlib import Path
 
 from launcher import image_base
@@ -22,6 +23,7 @@ REGIONS = {
     "docs/launcher.md": ("knobs", "profiles", "fixed", "retired-env"),
     "docs/checkpoints.md": ("checkpoints",),
     "docs/images.md": ("layer-outcomes",),
+    "docs/levers.md": ("levers",),
 }
 LAYER_OUTCOMES = Path(__file__).resolve().parent.parent / "patches" / "layer-outcomes.json"
 TREE_TITLES = {"fork": "fork shape"}
@@ -160,6 +162,45 @@ def layer_outcomes_table(_: Recipe) -> str:
     return "\n".join(rows)
 
 
+# The profile of the field's fastest levers this recipe carries (docs/levers.md).
+FASTEST_PROFILE = "field-fastest"
+
+
+def compare_line(reference: str, candidate: str) -> str:
+    """The scripts/compare command that judges CANDIDATE against REFERENCE (shell words)."""
+    return (f"scripts/compare --reference {shlex.quote(reference)} "
+            f"--candidate {shlex.quote(candidate)}")
+
+
+def _lever_knobs(recipe: Recipe, lever) -> str:
+    names = list(dict.fromkeys(word.partition("=")[0] for side in (lever.reference,
+                                                                     lever.candidate)
+                               for word in side.split() if "=" in word))
+    return ", ".join(f"`{name}` (default {_code(recipe.knobs[name].default)})" for name in names)
+
+
+def levers_table(recipe: Recipe) -> str:
+    """docs/levers.md: every lever the field measured, its gain and sources, the knob here and
+    the compare line that judges it; then the fastest profile and its line."""
+    rows = ["| Lever | Measured in the field (source) | This recipe's knob | What judges it here |",
+            "|---|---|---|---|"]
+    for lever in recipe.levers.values():
+        cited = ", ".join(source(recipe, key) for key in lever.sources)
+        if lever.not_carried:
+            knob, judge = "not carried", _cell(lever.not_carried)
+        else:
+            knob = _lever_knobs(recipe, lever)
+            judge = f"`{compare_line(lever.reference, lever.candidate)}`"
+        rows.append(f"| {_cell(lever.title)} | {_cell(lever.measured)} ({cited}) | {knob} | "
+                    f"{judge} |")
+    profile = recipe.profiles[FASTEST_PROFILE]
+    sets = ", ".join(f"`{name}={value}`" for name, value in profile.values.items())
+    rows += ["", f"`PROFILE={profile.name}` sets {sets}: {_cell(profile.about)}.", "",
+             "The one line that judges it against the defaults on an owner's cluster:", "",
+             "```bash", compare_line("", f"PROFILE={profile.name}"), "```"]
+    return "\n".join(rows)
+
+
 def retired_env_list(_: Recipe) -> str:
     """EXTRA_ENV settings refused on a base vLLM release that no longer honours them."""
     return image_base.retired_list()
@@ -167,7 +208,7 @@ def retired_env_list(_: Recipe) -> str:
 
 RENDERERS = {"front-knobs": front_table, "knobs": knobs_table, "profiles": profiles_table,
              "fixed": fixed_table, "checkpoints": checkpoints_table, "layer-outcomes": layer_outcomes_table,
-             "retired-env": retired_env_list}
+             "retired-env": retired_env_list, "levers": levers_table}
 
 
 def region_pattern(name: str) -> re.Pattern:

@@ -15,8 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-from launcher import (apikey, extra_args, gpus, image_base, memguard, pins, plan,
-                      preflight, scan_verdict, steps)
+from launcher import (apikey, extra_args, gpus, host_levers, image_base, memguard, pins,
+                      plan, platform, preflight, scan_verdict, steps)
 from launcher.checks import Checked
 from launcher.remote import Nodes
 from launcher.settings import Failed, Refused, RefusedAbove, refusal
@@ -63,11 +63,13 @@ def stop(checked: Checked) -> int:
     nodes = nodes_of(checked)
     if checked["DRY_RUN"] == "1":
         removal = steps.stop_steps(nodes, "remove the serve containers listed on each node")
+        removal += steps.clock_reset_steps(nodes, checked["RUNS_DIR"])
         sys.stdout.write(steps.render(nodes, removal))
         return 0
     failures = stop_all_ranks(nodes)
-    if failures:
-        raise Failed(f"{failures} node(s) could not be cleaned; see above")
+    clocks = host_levers.reset(list(nodes.ssh), checked["RUNS_DIR"], say, warn)
+    if failures or clocks:
+        raise Failed(f"{failures + clocks} node(s) could not be cleaned; see above")
     say(f"stopped every rank on {' '.join(nodes.addresses)}")
     return 0
 
@@ -179,6 +181,7 @@ class Serving:
         self.run_dir: Path | None = None
         self.api_key: str | None = None
         self.base = image_base.UNKNOWN  # what IMAGE's labels say of its base (ensure_images)
+        self.clocks_locked = False  # GPU_CLOCK_MHZ asked of a node (recorded, to be reset)
 
     def __getitem__(self, name: str) -> str:
         return self.checked[name]
@@ -208,6 +211,8 @@ class Serving:
         try:
             # An earlier run's exited ranks were kept for their logs until nothing can refuse.
             stop_all_ranks(self.nodes)
+            self.lock_clocks()
+            self.compact_memory()
             self.start_ranks()
             self.start_memory_guard()
             self.wait_until_ready()
@@ -218,6 +223,9 @@ class Serving:
             if self.ranks_started and not self.ready:
                 warn("start-up did not finish; stopping every rank")
                 stop_all_ranks(self.nodes)
+            if self.clocks_locked and not self.ready:
+                warn("start-up did not finish; resetting the GPU clocks it locked")
+                host_levers.reset(list(self.nodes.ssh), self["RUNS_DIR"], say, warn)
         if self["SELF_CHECK"] == "1":
             self.self_check()
         return 0
@@ -372,7 +380,9 @@ class Serving:
         is refused. An image without the labels is unknown: nothing refused."""
         self.base = image_base.read(self.nodes, self["IMAGE"])
         refused = image_base.retired_refusal(self["IMAGE"], self.base,
-                                             self.checked.words["EXTRA_ENV"])
+                                             self.checked.words["EXTRA_ENV"]) or \
+            image_base.b12x_refusal(self["IMAGE"], self.base, self["MOE_BACKEND"],
+                                    self["FORCE_UNSAFE_MOE"] == "1")
         if refused:
             raise refused
 
@@ -448,6 +458,44 @@ class Serving:
                     raise Failed("prepare-drafter printed no start-up phrase: "
                                  f"{prepared.stdout.strip()}") from None
         return phrase
+
+    # ------------------------------------------------------------------ host levers
+
+    def lock_clocks(self) -> None:
+        """GPU_CLOCK_MHZ on every node, each recorded before it is asked (host_levers.py)."""
+        if not self.plan.lock_clocks:
+            return
+        self.clocks_locked = True
+        host_levers.lock(self.nodes, self["RUNS_DIR"], self["IMAGE"],
+                         self.checked.words["DOCKER_ARGS"], self["GPU_CLOCK_MHZ"],
+                         self.plan.lock_clocks, say)
+
+    def probe_line(self, index: int) -> tuple[dict, str]:
+        doc = platform.run_probe(self.nodes, index, self.plan.probe,
+                                 f"a container of {self['IMAGE']}")
+        return doc, platform.describe(doc)
+
+    def compact_memory(self) -> None:
+        """COMPACT_MEMORY=1: every node's free memory compacted, the platform probe's read
+        bandwidth and large-block share printed before and after; a compaction that cannot
+        run stops the start."""
+        if not self.plan.compact_memory:
+            return
+        for index in range(len(self.nodes.addresses)):
+            where = self.nodes.label(index)
+            before, line = self.probe_line(index)
+            say(f"platform on {where} before compaction: {line}")
+            done = subprocess.run(self.nodes.argv(index, self.plan.compact_memory),
+                                  stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                  check=False)
+            if done.returncode != 0:
+                why = (done.stderr or done.stdout).strip().splitlines()[-1:] or [
+                    f"exit {done.returncode}"]
+                raise Failed(f"memory compaction failed on {where} ({why[0]}); set "
+                             "COMPACT_MEMORY=0 to start without it")
+            after, line = self.probe_line(index)
+            say(f"platform on {where} after compaction: {line}")
+            say(f"memory compaction on {where}: {platform.change(before, after)}")
 
     # ------------------------------------------------------------------ the ranks
 

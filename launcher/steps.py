@@ -10,8 +10,9 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass, field
 
-from launcher import apikey, extra_args, gpus, image_base, memguard, plan, preflight
-from recipekit import baselock
+from launcher import (apikey, extra_args, gpus, host_levers, image_base, memguard, plan,
+                      platform, preflight)
+from recipekit import baselock, sm121_packages
 from recipekit.text_integrity import FIELD_MAX_TOKENS
 from launcher.plan import UNPINNED, Launch, Plan
 from launcher.remote import Nodes
@@ -20,9 +21,11 @@ from launcher.words import quote
 
 @dataclass(frozen=True)
 class OnNode:
-    """ARGV run on node INDEX (the head: 0)."""
+    """ARGV run on node INDEX (the head: 0); INDEX -1: ARGV reaches its node itself (a node
+    a record names by its address)."""
     index: int
     argv: tuple[str, ...]
+    stdin: str = ""  # a file the command reads on stdin (shown as `< FILE`)
 
 
 @dataclass(frozen=True)
@@ -36,8 +39,8 @@ class Step:
     comment: str
     commands: list = field(default_factory=list)
 
-    def on(self, index: int, argv: list[str]) -> "Step":
-        self.commands.append(OnNode(index, tuple(argv)))
+    def on(self, index: int, argv: list[str], stdin: str = "") -> "Step":
+        self.commands.append(OnNode(index, tuple(argv), stdin))
         return self
 
 
@@ -147,6 +150,9 @@ def image_labels(launch: Launch) -> Step:
     retired = image_base.retired_asked(launch.checked.words["EXTRA_ENV"])
     refused = "".join(f"; EXTRA_ENV's {word} refused on a base of vLLM {entry.since} or later"
                       for word, entry in retired)
+    if launch["MOE_BACKEND"] == image_base.B12X and launch["FORCE_UNSAFE_MOE"] != "1":
+        refused += (f"; MOE_BACKEND=b12x refused unless its {image_base.PACKAGES_LABEL} lists "
+                    f"b12x (layer v8 installs it on bases of vLLM {sm121_packages.b12x_bases()})")
     return Step(f"labels of {launch['IMAGE']} on the head: its base's vLLM release "
                 f"({image_base.BASE_VLLM_LABEL}) and the layers that base provides "
                 f"({image_base.PROVIDED_LABEL}), for the start-up line; an image without them: "
@@ -202,6 +208,48 @@ def pins_and_drafter(the_plan: Plan) -> list[Step]:
             step.on(index, the_plan.fetch_snapshot)
         step.on(index, the_plan.prepare_drafter)
     return [*steps, step]
+
+
+PROBE_PHRASE = "its script on stdin, run by the image's python3 and torch"
+
+
+def host_levers_steps(the_plan: Plan) -> list[Step]:
+    """Only with GPU_CLOCK_MHZ or COMPACT_MEMORY=1: every node's clock lock, then its
+    compaction between two platform probes (launcher/host_levers.py)."""
+    launch, steps = the_plan.launch, []
+    record = host_levers.record_path(launch["RUNS_DIR"])
+    if the_plan.lock_clocks:
+        step = Step(f"every node: lock the GPU clocks at {plan.clock_range(launch['GPU_CLOCK_MHZ'])} "
+                    f"MHz (GPU_CLOCK_MHZ) in a privileged container of {launch['IMAGE']}, each "
+                    f"node recorded in {record} first; ./stop.sh, or a start that fails, resets "
+                    "every node recorded there")
+        for index in _each_node(launch):
+            step.on(index, the_plan.lock_clocks)
+        steps.append(step)
+    if the_plan.compact_memory:
+        step = Step(f"every node: the platform probe ({PROBE_PHRASE}), memory "
+                    "compaction (COMPACT_MEMORY=1: a privileged container writes 1 to "
+                    "/proc/sys/vm/compact_memory), the probe again; the read bandwidth and the "
+                    "free memory in 2 MiB blocks printed before and after")
+        probe = str(platform.PROBE)
+        for index in _each_node(launch):
+            step.on(index, the_plan.probe, probe).on(index, the_plan.compact_memory)
+            step.on(index, the_plan.probe, probe)
+        steps.append(step)
+    return steps
+
+
+def clock_reset_steps(nodes: Nodes, runs_dir: str) -> list[Step]:
+    """What stop.sh resets: the GPU clocks of every node the record lists (none: no step)."""
+    recorded = host_levers.read_record(runs_dir)
+    if not recorded:
+        return []
+    step = Step(f"reset the GPU clocks run.sh locked, on every node "
+                f"{host_levers.record_path(runs_dir)} lists (each leaves the record once reset)")
+    for address, entry in recorded.items():
+        step.commands.append(OnNode(-1, tuple(host_levers.entry_argv(
+            list(nodes.ssh), address, entry, host_levers.reset_argv(entry)))))
+    return [step]
 
 
 def memory_guard(launch: Launch) -> list[Step]:
@@ -263,7 +311,7 @@ def run_steps(the_plan: Plan, scanned: str | None = None) -> list[Step]:
     return [Step("glm53: " + the_plan.startup_line), running_check(launch), *gpu_count(launch),
             prepare_nodes(launch), *boot_memory(launch), *images(the_plan, pv),
             *extra_args_parse(launch), *jit_cache(launch), *checkpoint_scan(the_plan, scanned),
-            *pins_and_drafter(the_plan), *ranks(the_plan)]
+            *pins_and_drafter(the_plan), *host_levers_steps(the_plan), *ranks(the_plan)]
 
 
 def render(nodes: Nodes, steps: list[Step]) -> str:
@@ -276,5 +324,8 @@ def render(nodes: Nodes, steps: list[Step]) -> str:
                 lines.append(" | ".join(quote(nodes.argv(stage.index, list(stage.argv)))
                                         for stage in command.stages))
             else:
-                lines.append(quote(nodes.argv(command.index, list(command.argv))))
+                argv = list(command.argv) if command.index < 0 else nodes.argv(
+                    command.index, list(command.argv))  # -1: the argv reaches its node itself
+                stdin = f" < {quote([command.stdin])}" if command.stdin else ""
+                lines.append(quote(argv) + stdin)
     return "".join(line + "\n" for line in lines)

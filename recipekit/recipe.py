@@ -56,9 +56,11 @@ class Knob:
     optional: bool = False
     none: bool = False
     safe_max: int | None = None
-    safe: str = ""
+    safe: tuple[str, ...] = ()  # the values accepted without `force`
     force: str = ""
     unsafe_why: str = ""
+    # a value's own reason for its refusal (unsafe_why: the others')
+    unsafe_why_by: dict[str, str] = field(default_factory=dict)
     rule: str = ""
     flags: tuple[str, ...] = ()
     env: tuple[str, ...] = ()
@@ -105,6 +107,22 @@ class Checkpoint:
 
 
 @dataclass(frozen=True)
+class Lever:
+    """A lever the field measured (docs/levers.md): its gain as reported, and the
+    scripts/compare sides that judge it here, or why the recipe does not carry it."""
+    name: str
+    title: str
+    measured: str
+    sources: tuple[str, ...]
+    reference: str = ""
+    candidate: str = ""
+    not_carried: str = ""
+
+
+_LEVER_FIELDS = {"title", "measured", "sources", "reference", "candidate", "not_carried"}
+
+
+@dataclass(frozen=True)
 class Recipe:
     name: str
     chain_prefix: str
@@ -117,6 +135,7 @@ class Recipe:
     fixed_flags: dict[str, Fixed] = field(default_factory=dict)
     fixed_env: dict[str, Fixed] = field(default_factory=dict)
     checkpoints: dict[str, Checkpoint] = field(default_factory=dict)
+    levers: dict[str, Lever] = field(default_factory=dict)
 
     def flag_owners(self) -> dict[str, str]:
         """Every `vllm serve` flag the launcher sets -> the knob names that set it, or ""
@@ -180,6 +199,18 @@ def _knob(name: str, table: dict, sources: dict) -> Knob:
         raise RecipeError(f"recipe.toml: {where} is required without `unset_why`")
     if table.get("force") and table.get("safe_max") is None and not table.get("safe"):
         raise RecipeError(f"recipe.toml: {where} names `force` without `safe_max` or `safe`")
+    safe = table.get("safe", [])
+    safe = (safe,) if isinstance(safe, str) else _words(safe, f"{where} safe")
+    unsafe = table.get("unsafe_why", "")
+    if isinstance(unsafe, dict):
+        by_value = {value: _text(why, f"{where} unsafe_why.{value}")
+                    for value, why in unsafe.items()}
+        if "*" not in by_value:
+            raise RecipeError(f"recipe.toml: {where} unsafe_why is a table without \"*\" (the "
+                              "reason of every value it does not name)")
+        unsafe = by_value.pop("*")
+    else:
+        by_value = {}
     return Knob(
         name=name, type=table["type"], default=_text(table["default"], f"{where} default"),
         sets=table["sets"], why=table["why"], source=table["source"],
@@ -188,8 +219,8 @@ def _knob(name: str, table: dict, sources: dict) -> Knob:
         range_why=table.get("range_why", ""), pattern=table.get("pattern", ""),
         accepted=table.get("accepted", ""), optional=bool(table.get("optional", False)),
         none=bool(table.get("none", False)), safe_max=table.get("safe_max"),
-        safe=table.get("safe", ""), force=table.get("force", ""),
-        unsafe_why=table.get("unsafe_why", ""), rule=table.get("rule", ""),
+        safe=safe, force=table.get("force", ""),
+        unsafe_why=unsafe, unsafe_why_by=by_value, rule=table.get("rule", ""),
         flags=_words(table.get("flag", []), f"{where} flag"),
         env=_words(table.get("env", []), f"{where} env"), when=table.get("when", ""),
         front=bool(table.get("front", False)), mount=bool(table.get("mount", False)),
@@ -235,6 +266,8 @@ def parse(data: dict) -> Recipe:
     fixed = data["fixed"]
     checkpoints = {repo: _checkpoint(repo, entry, sources, knobs["SPEC"].choices)
                    for repo, entry in data.get("checkpoints", {}).items()}
+    levers = {name: _lever(name, entry, sources, knobs, profiles)
+              for name, entry in data.get("levers", {}).items()}
     return Recipe(
         name=data["recipe"]["name"], chain_prefix=data["recipe"]["chain_prefix"],
         knobs=knobs, profiles=profiles, sources=sources,
@@ -242,8 +275,32 @@ def parse(data: dict) -> Recipe:
         docker_options=_words(fixed["docker"]["options"], "[fixed.docker] options"),
         docker_why=fixed["docker"]["why"],
         fixed_flags=_fixed("flags", fixed["flags"]), fixed_env=_fixed("env", fixed["env"]),
-        checkpoints=checkpoints,
+        checkpoints=checkpoints, levers=levers,
     )
+
+
+def _lever(name: str, entry: dict, sources: dict, knobs: dict, profiles: dict) -> Lever:
+    where = f"[levers.{name}]"
+    unknown = set(entry) - _LEVER_FIELDS
+    if unknown:
+        raise RecipeError(f"recipe.toml: {where} has unknown fields {sorted(unknown)}")
+    cited = _words(entry.get("sources", []), f"{where} sources")
+    if not cited or set(cited) - set(sources):
+        raise RecipeError(f"recipe.toml: {where} sources = {list(cited)}: name keys of [sources]")
+    for side in ("reference", "candidate"):
+        for word in _text(entry.get(side, ""), f"{where} {side}").split():
+            knob, equals, _ = word.partition("=")
+            if (equals and knob not in knobs) or (not equals and word not in profiles):
+                raise RecipeError(f"recipe.toml: {where} {side} word {word!r}: a profile or "
+                                  "NAME=VALUE of a knob")
+    sides = entry.get("reference", "") or entry.get("candidate", "")
+    if bool(sides) == bool(entry.get("not_carried")):
+        raise RecipeError(f"recipe.toml: {where}: give compare sides (reference, candidate) or "
+                          "not_carried, one of them")
+    return Lever(name, _text(entry["title"], f"{where} title"),
+                 _text(entry["measured"], f"{where} measured"), cited,
+                 entry.get("reference", ""), entry.get("candidate", ""),
+                 entry.get("not_carried", ""))
 
 
 def _checkpoint(repo: str, entry: dict, sources: dict, specs: tuple[str, ...]) -> Checkpoint:

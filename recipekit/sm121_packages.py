@@ -28,6 +28,22 @@ CUBIN = "flashinfer-cubin"  # FlashInfer's prebuilt kernels; only on FlashInfer'
 CUTLASS_FAMILY = "nvidia-cutlass-dsl"  # the meta package and every nvidia-cutlass-dsl-libs-*
 
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
+# `-r FILE`: FILE's pins too (pip reads it relative to the including file); a release's set
+# that is the fork's plus a package says so in one line
+_INCLUDE = re.compile(r"^(?:-r|--requirement)[ =]\s*(\S+)$")
+# A package v8 installs only under this licence (its wheel's License-Expression, else its
+# License field), checked where it is installed: a release that changed it is refused.
+LICENCES = {"b12x": "Apache-2.0"}
+# The b12x release each base's vLLM names for its `b12x` extra (the wheel's Requires-Dist:
+# `b12x==X; extra == "b12x"`), which v8's set for that release pins; a base not here (the
+# vendor fork, whose vLLM has no b12x backend) gets none.
+B12X_EXTRA = {"0.30.0": "1.3.0", "0.33.0": "1.5.1", "0.34.0": "1.5.1"}
+
+
+def b12x_bases() -> str:
+    """The releases B12X_EXTRA names, as prose."""
+    names = list(B12X_EXTRA)
+    return ", ".join(names[:-1]) + " and " + names[-1]
 # `# base: NAME==VERSION`: a package the base image must already carry at that version; v8
 # checks it and never installs it (pip reads the line as a comment)
 _CARRIED = re.compile(r"^#\s*base:\s*(.+)$")
@@ -71,6 +87,10 @@ def _pins(path: Path, carried: bool) -> dict[str, str]:
         raise PackageError(f"{path}: cannot read the pins: {error.strerror}") from None
     for line in lines:
         stripped = line.strip()
+        include = _INCLUDE.match(stripped)
+        if include:
+            pins.update(_pins(Path(path).parent / include.group(1), carried))
+            continue
         base = _CARRIED.match(stripped)
         if carried != bool(base) or not stripped or (not base and stripped.startswith(("#", "--hash"))):
             continue
@@ -107,13 +127,32 @@ def installed() -> dict[str, list[str]]:
     return found
 
 
+def licences() -> dict[str, str]:
+    """The licence each distribution importable from sys.path declares (License-Expression,
+    else License), by canonical name."""
+    found = {}
+    for dist in importlib.metadata.distributions():
+        name = dist.metadata["Name"]
+        if name:
+            found[canonical(name)] = (dist.metadata["License-Expression"]
+                                      or dist.metadata["License"] or "")
+    return found
+
+
 def check(
-    pins: dict[str, str], present: dict[str, list[str]], carried: dict[str, str] | None = None
+    pins: dict[str, str], present: dict[str, list[str]], carried: dict[str, str] | None = None,
+    declared: dict[str, str] | None = None,
 ) -> list[str]:
     """Every way ``present`` differs from ``pins`` and from what the base must carry
-    (``carried``), one line each (empty: all good)."""
+    (``carried``), and every pinned package of LICENCES whose ``declared`` licence is another,
+    one line each (empty: all good)."""
     problems = []
     carried = carried or {}
+    for name, wanted in LICENCES.items():
+        if name in pins and present.get(name) and declared is not None \
+                and declared.get(name) != wanted:
+            problems.append(f"{name} declares the licence {declared.get(name) or 'none'!r}; v8 "
+                            f"carries it under {wanted} only")
     for name, version in {**pins, **carried}.items():
         versions = present.get(name, [])
         pin = f"the pin is {version}" if name in pins else (

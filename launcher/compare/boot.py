@@ -14,6 +14,7 @@ a crash (exit 70), never the exit 1 of a failed result.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -133,6 +134,9 @@ class Measurement:
     results: tuple[int, ...]  # exit codes that are results (others: could not measure)
     # why OUTPUT's document (read as JSON) with that exit is not the tool's result ("": it is)
     contract: Callable[[dict, int], str] = json_object
+    # run with the side's settings in its environment: the bench's platform probe
+    # (scripts/doctor --platform) reads them as run.sh would
+    side_settings: bool = False
 
     def missing(self, entry: dict | None, folder: Path) -> str:
         """Why this measurement left no result in FOLDER, ENTRY being its boot record's line
@@ -207,7 +211,7 @@ def _measurements(boot: str, url: str, options: Options, run_dir: RunDir) -> lis
           if options.turn_tokens else ("--phase", "all")),
         "--concurrency", ",".join(map(str, options.concurrency)), "--runs", str(options.runs),
         "--max-tokens", str(options.max_tokens), "--json", str(folder / "bench.json")),
-        "bench.json", (0, 1), bench_result(options.concurrency)))
+        "bench.json", (0, 1), bench_result(options.concurrency), side_settings=True))
     found.append(Measurement("probes", f"integrity probes: {', '.join(INTEGRITY_PROBES)}", (
         python, str(BENCH / "probes.py"), "--url", url, "--only", ",".join(INTEGRITY_PROBES),
         "--json", str(folder / PROBES_FILE)), PROBES_FILE, (0, 1), probes_result))
@@ -359,8 +363,10 @@ class Boot:
     def measure(self, measurement: Measurement) -> None:
         self.say(measurement.title)
         started = time.monotonic()
+        env = ({**os.environ, **self.side.assigned, **{f: "1" for f in self.side.lifted}}
+               if measurement.side_settings else None)
         with (self.folder / f"{measurement.key}.log").open("w") as log:
-            code = subprocess.run(guarded(measurement.argv), stdout=log,
+            code = subprocess.run(guarded(measurement.argv), stdout=log, env=env,
                                   stdin=subprocess.DEVNULL, check=False).returncode
         entry = {"exit": code, "file": measurement.output,
                  "seconds": round(time.monotonic() - started, 1)}

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from launcher import serve
 from launcher.compare import boot as boots
+from launcher.compare import platform as compare_platform
 from launcher.compare import report, results, sides
 from launcher.compare.rundir import (
     BOOTS,
@@ -293,6 +294,8 @@ def main(argv: list[str]) -> int:
         return 2
     summary = results.summarize(run_dir.path, run_dir.plan)
     verdict = results.decide(summary, run_dir.plan)
+    for line in compare_platform.lines(summary["platform"]):
+        say(line)
     for problem in report.write(run_dir, summary, verdict):
         say(problem)
     say(f"{boots.minutes(time.monotonic() - started)} in all; report "

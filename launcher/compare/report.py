@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from launcher.compare import platform as compare_platform
 from launcher.compare.boot import BENCH, minutes
 from launcher.compare.results import Verdict
 from launcher.compare.rundir import BOOTS, RunDir
@@ -114,6 +115,19 @@ def integrity_table(summary: dict) -> list[str]:
     return lines + [""] + [f"- {NAMES[b]}, {probe}: {text}" for probe, b, text in failing]
 
 
+def platform_section(summary: dict) -> list[str]:
+    """The platform of each boot (its bench's probe at start and end) and the read bandwidth
+    against the reference's A/A band (launcher/compare/platform.py)."""
+    found = summary.get("platform")
+    if found is None:
+        return []
+    return ["## Platform (scripts/doctor --platform at each bench's start and end)", "",
+            "Read bandwidth in GB/s; A/A band: the spread of the reference boots' four readings "
+            "of a node, in % of their mean; change: the candidate's mean against theirs.", "",
+            *compare_platform.table(found), "",
+            *[f"- {line}" for line in compare_platform.lines(found)], ""]
+
+
 def markdown(plan: dict, summary: dict, verdict: Verdict, picture: bool) -> str:
     differing = plan.get("differing", [])
     reference, candidate = plan["reference"], plan["candidate"]
@@ -132,7 +146,7 @@ def markdown(plan: dict, summary: dict, verdict: Verdict, picture: bool) -> str:
               "reference A", "", *divergence_table(summary), "", "## Receipts "
               "(bench/receipts.py)", "", *receipts_table(summary), "",
               "## Integrity probes (bench/probes.py --only multibyte,tool_cycles)", "",
-              *integrity_table(summary), ""]
+              *integrity_table(summary), "", *platform_section(summary)]
     if picture:
         lines += [f"![speed and quality]({PICTURE})", ""]
     return "\n".join(lines)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.compare import boot as boots
+from launcher.compare import platform as compare_platform
 from launcher.compare.rundir import (
     BOOTS,
     FINISHED,
@@ -199,6 +200,7 @@ def summarize(run_dir_path: Path, plan: dict) -> dict:
             plan.get("differing", [])),
         "too_noisy": too_noisy((gate or {}).get("checks")),
         "integrity": integrity(files),
+        "platform": compare_platform.summarize({boot: files[boot]["bench"] for boot in BOOTS}),
     }
 
 
@@ -298,7 +300,12 @@ def decide(summary: dict, plan: dict) -> Verdict:
                 (failures.append(f"the bench ({where})") if boot == "candidate"
                  else notes.append(f"{boot}'s bench: {where}"))
     speed = speed_phrase(headline(summary["speed"], plan["options"]["concurrency"]))
+    # the platform each side ran on (launcher/compare/platform.py): a warning, not a failure
+    unlike = compare_platform.warnings(summary.get("platform"))
+    notes += compare_platform.notes(summary.get("platform")) + [f"WARNING: {w}" for w in unlike]
+    warning = f"; WARNING: {'; '.join(unlike)}" if unlike else ""
     if failures:
-        return Verdict(1, f"{VERDICT_PREFIX}candidate fails: {'; '.join(failures)}; it {speed}",
-                       failures, notes)
-    return Verdict(0, f"{VERDICT_PREFIX}candidate passes the gate and {speed}", [], notes)
+        return Verdict(1, f"{VERDICT_PREFIX}candidate fails: {'; '.join(failures)}; it {speed}"
+                          f"{warning}", failures, notes)
+    return Verdict(0, f"{VERDICT_PREFIX}candidate passes the gate and {speed}{warning}", [],
+                   notes)

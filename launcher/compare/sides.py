@@ -92,7 +92,7 @@ def _unsafe_gate_levers(recipe: Recipe, values: Mapping[str, str]) -> list[str]:
     """The GATE_JUDGED_FORCES a side's values need (a value past its safe one, force not 1)."""
     return sorted({knob.force for knob in recipe.knobs.values()
                    if knob.force in GATE_JUDGED_FORCES and knob.safe
-                   and values.get(knob.name) not in ("", knob.safe)
+                   and values.get(knob.name) not in ("", *knob.safe)
                    and values.get(knob.force) != "1"})
 
 

@@ -256,7 +256,7 @@ class Chain:
             image_labels.BASE_VLLM: self.base_vllm, image_labels.PROVIDED: " ".join(provided),
         }
         if context.packages_sha256:
-            labels.update({"glm53.packages": field.get("packages", ""),
+            labels.update({image_labels.PACKAGES: field.get("packages", ""),
                            "glm53.packages.wheelhouse.sha256": context.packages_sha256})
         return labels
 

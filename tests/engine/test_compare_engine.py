@@ -10,7 +10,7 @@ test_launcher_engine.py covers it), MAX_NUM_SEQS 8 (the integrity probes' eleven
 answers in two waves, not six), no self-check (tests/compare_cluster.py: compare's probes
 ask what it asks, and more), no memory guard or preflight.
 
-Three runs, five boots (about a minute and a half each here):
+Four runs, six boots (about a minute and a half each here):
 1. an identical candidate (three boots): passes the gate, lossless and both receipts, and
    fails only the integrity probes, on every boot: the random tiny target writes no tool
    call, and its random byte tokens are no text;
@@ -18,7 +18,10 @@ Three runs, five boots (about a minute and a half each here):
    boots (--reference-from), its engine SIGKILLed as the boot becomes ready: reported as the
    candidate's boot, failed during the quality gate, with no rank and no engine process left;
 3. --resume of run 2: the reference boots reused, the candidate booted again, and failed on
-   the gate's numbers (mean KL and top-1 beyond the A/A band, 0 and 1.0 on CPU).
+   the gate's numbers (mean KL and top-1 beyond the A/A band, 0 and 1.0 on CPU);
+4. docs/levers.md's line for PROFILE=field-fastest (B12X, NVFP4 target groups, compaction, a
+   clock cap), reusing run 1's reference boots: one more boot, judged as run 1's candidate,
+   its bench carrying the platform probe at its start and end.
 """
 
 from __future__ import annotations
@@ -163,4 +166,56 @@ def test_a_candidate_that_flips_tokens_fails_with_the_gates_numbers(cluster, kil
     assert quality["gate"]["overall"]["top1_agreement"] < 1.0
     assert doc["differing"] == ["MODEL"] and doc["results"]["lossless"]["judged"] is False
     assert (out / "boots" / "candidate.attempt-1" / "boot.json").exists()
+    assert cluster.containers() == {} and cluster.still_running() == []
+
+
+# The fake image's labels as layer v8 writes them on a vLLM 0.30.0 base, where it installs
+# b12x (MOE_BACKEND=b12x is refused on an image whose labels do not list it)
+B12X_LABELS = {"glm53.base.vllm": "0.30.0", "glm53.provided": "",
+               "glm53.packages": "flashinfer-python==0.6.18,b12x==1.3.0"}
+
+
+@pytest.fixture(scope="module")
+def fastest_run(cluster, aa_run):
+    """docs/levers.md's one line for PROFILE=field-fastest, reusing run 1's reference boots:
+    its candidate boots with b12x, NVFP4 target groups, compaction and a clock cap."""
+    head = cluster.state / "head.json"
+    state = json.loads(head.read_text())
+    for image in state["images"].values():
+        image["labels"] = B12X_LABELS
+    head.write_text(json.dumps(state))
+    out = cluster.tmp / "fastest"
+    result, seconds = timed(cluster, "--reference", "", "--candidate", "PROFILE=field-fastest",
+                            "--reference-from", str(aa_run[1]), "--out", str(out), *SIZES)
+    progress(f"compare, PROFILE=field-fastest: {seconds:.0f} s\n{shown(result, out)}")
+    return result, out
+
+
+def test_the_fastest_profiles_line_runs_and_records_the_platform(cluster, fastest_run):
+    """The candidate boots with every lever of the profile and is judged like run 1's (only
+    the random target's integrity probes fail); each boot's bench carries the platform
+    probe at its start and end, compare prints and tabulates it; the clocks the candidate
+    locked are reset by its stop."""
+    result, out = fastest_run
+    assert result.returncode == 1, shown(result, out)
+    doc = report_of(out)
+    assert set(doc["differing"]) == {"MOE_BACKEND", "TARGET_WEIGHT_FORMAT", "COMPACT_MEMORY",
+                                     "GPU_CLOCK_MHZ", "FORCE_UNSAFE_WEIGHTS"}
+    assert doc["boots"]["candidate"]["status"] == "finished"
+    assert all(f.startswith(("the multibyte probe (", "the tool_cycles probe ("))
+               for f in doc["verdict"]["failures"]), doc["verdict"]
+    bench = json.loads((out / "boots" / "candidate" / "bench.json").read_text())
+    for when in ("start", "end"):
+        reading = bench["platform"][when]
+        assert reading["measured"] is True, reading
+        (node,) = reading["nodes"]
+        assert node["via"] == "glm53-rank0" and node["memory"]["available_kib"] > 0
+        assert node["bandwidth"]["why"].startswith("no NVIDIA device in this container")
+    assert "platform, candidate at the end, 192.0.2.1: bandwidth not measured" in result.stdout
+    assert "## Platform (scripts/doctor --platform at each bench's start and end)" in \
+        (out / "report.md").read_text()
+    state = json.loads((cluster.state / "head.json").read_text())
+    assert state.get("compactions") == 1 and state.get("clocks") is None
+    started = [c for c in cluster.calls() if c[:2] == ["run", "--detach"]][-1]
+    assert started[started.index("--moe-backend") + 1] == "b12x"
     assert cluster.containers() == {} and cluster.still_running() == []

@@ -91,6 +91,17 @@ def _pv(tmp):
     return {}
 
 
+def _clock_record(tmp):
+    """A GPU clock record a run left (launcher/host_levers.py), as stop.sh reads it."""
+    from launcher import host_levers
+
+    entry = {"mhz": "0,2150", "image": "glm53-sm121-v13",
+             "docker_args": ["--gpus", "all", "--device", "/dev/infiniband"]}
+    host_levers.write_record(str(tmp / "runs"), {NODES[0]: {"head": True, **entry},
+                                                 NODES[1]: {"head": False, **entry}})
+    return {"RUNS_DIR": tmp / "runs"}
+
+
 # name -> (script, nodes, settings, set-up run in the temporary directory first)
 SCENARIOS = {
     "defaults": ("run.sh", 2, {}, None),
@@ -159,6 +170,14 @@ SCENARIOS = {
                                  "ENGINE_READY_TIMEOUT": 600, "PORT": 8080,
                                  "MASTER_PORT": 29600, "HF_CACHE": "/srv/hf",
                                  "JIT_CACHE": "/srv/jit", **PINNED}, None),
+    # issue 48: the host levers on every node, B12X, the field's fastest profile, and stop.sh
+    # resetting the clocks a record lists
+    "host-levers": ("run.sh", 2, {"COMPACT_MEMORY": 1, "GPU_CLOCK_MHZ": "2150", **PINNED}, None),
+    "b12x": ("run.sh", 2, {"MOE_BACKEND": "b12x", **PINNED}, None),
+    "field-fastest": ("run.sh", 2, {"MOE_BACKEND": "b12x", "TARGET_WEIGHT_FORMAT": "nvfp4",
+                                    "COMPACT_MEMORY": 1, "GPU_CLOCK_MHZ": "0,2150",
+                                    "FORCE_UNSAFE_WEIGHTS": 1, **PINNED}, None),
+    "stop-clock-record": ("stop.sh", 2, {}, _clock_record),
     "stop-2-nodes": ("stop.sh", 2, {}, None),
     "stop-3-nodes": ("stop.sh", 3, {}, None),
 }

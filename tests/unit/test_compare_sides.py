@@ -47,9 +47,9 @@ def test_a_side_is_a_profile_or_knob_words_over_the_environment(environ):
 
 @pytest.mark.parametrize("role, text, line", [
     ("reference", "PROFILE=nope", "refused: --reference PROFILE=nope: no such profile; "
-                                  "accepted: default | seed-pr | mtp | eager"),
+                                  "accepted: default | seed-pr | mtp | eager | field-fastest"),
     ("candidate", "fast", "refused: --candidate fast: neither a profile nor NAME=VALUE; "
-                          "accepted: a profile (default | seed-pr | mtp | eager) or NAME=VALUE "
+                          "accepted: a profile (default | seed-pr | mtp | eager | field-fastest) or NAME=VALUE "
                           "words naming recipe.toml's knobs"),
     ("candidate", "TARGET_WEIGHT_FORMT=nvfp4",
      "refused: --candidate TARGET_WEIGHT_FORMT=nvfp4: TARGET_WEIGHT_FORMT is not a launcher "

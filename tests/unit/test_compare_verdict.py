@@ -24,10 +24,21 @@ def cell(phase: str, c: int, tok_s: float, accept: float | None = 3.0, failed: i
             "acceptance_length": accept, "failed_streams": failed}
 
 
-def bench(speed: float, failed: int = 0) -> dict:
+def platform_block(gb_s: tuple[float | None, float | None]) -> dict:
+    """The bench's platform block: the probe of one node at the start and the end (None: a
+    reading without a GPU)."""
+    def reading(value):
+        bandwidth = {"gb_s": value} if value is not None else {"why": "torch sees no CUDA device"}
+        return {"measured": True, "nodes": [{"node": "192.0.2.1", "role": "head",
+                                             "bandwidth": bandwidth, "line": f"read {value}"}]}
+    return {"start": reading(gb_s[0]), "end": reading(gb_s[1])}
+
+
+def bench(speed: float, failed: int = 0, gb_s=(250.0, 250.0)) -> dict:
     return {"schema": "bench_decode/1", "finished_at": "2026-12-03T00:02:00Z",
             "cells": [cell(p, c, speed / c, failed=failed if (p, c) == ("code", 2) else 0)
-                      for p in PHASES for c in (1, 2)]}
+                      for p in PHASES for c in (1, 2)],
+            **({"platform": platform_block(gb_s)} if gb_s is not None else {})}
 
 
 def totals(kl: float, top1: float) -> dict:
@@ -90,11 +101,14 @@ def probes_doc(results_by_probe: dict[str, str]) -> dict:
 
 def saved_run(tmp_path: Path, speeds=(30.0, 30.0, 33.0), gate_kl=0.0, gate_top1=1.0,
               receipts=None, differing=(), first=None, failed_candidate_streams=0,
-              statuses=None, band_kl=0.001, band_top1=0.99, served=None, probes=None) -> RunDir:
+              statuses=None, band_kl=0.001, band_top1=0.99, served=None, probes=None,
+              platform=None) -> RunDir:
     """A report directory as three finished boots leave it: each owed measurement's record
     (scripts/compare's own list of them, launcher/compare/boot.py) and result file. SERVED:
     boot -> fields of what it served that differ from SERVED's. PROBES: (boot, probe) -> status of
-    the integrity probes (default pass; None: the boot left no probes.json)."""
+    the integrity probes (default pass; None: the boot left no probes.json). PLATFORM: boot ->
+    its node's read bandwidth at the bench's start and end (default 250.0 at both; None: a
+    bench without the platform block)."""
     plan = {"reference": {"words": "", "values": {}}, "candidate": {"words": "", "values": {}},
             "options": {"concurrency": [1, 2], "runs": 1, "max_tokens": 24, "check_tokens": 24,
                         "needle_words": 300}, "differing": list(differing)}
@@ -106,7 +120,7 @@ def saved_run(tmp_path: Path, speeds=(30.0, 30.0, 33.0), gate_kl=0.0, gate_top1=
         folder = run_dir.boot_dir(boot)
         folder.mkdir(parents=True)
         failed = failed_candidate_streams if boot == "candidate" else 0
-        docs["bench.json"] = bench(speed, failed)
+        docs["bench.json"] = bench(speed, failed, (platform or {}).get(boot, (250.0, 250.0)))
         for receipt in ("solo-vs-concurrent", "resumed-vs-fresh"):
             passed = (receipts or {}).get((boot, receipt), True)
             docs[f"{receipt}.json"] = {"receipt": receipt, "passed": passed}

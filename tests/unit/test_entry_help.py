@@ -87,10 +87,27 @@ def test_an_argument_the_launcher_does_not_take_is_refused_in_one_line(tmp_path,
                             cwd=tmp_path, capture_output=True, text=True, timeout=HANG_GUARD_S,
                             check=False)
     shown = entry if "/" in entry else f"./{entry}"
+    takes = ("takes no arguments but -h/--help, --platform, --json" if entry == "scripts/doctor"
+             else "takes no arguments but -h/--help")
     assert (result.returncode, result.stdout) == (2, "")
-    assert result.stderr == (f"refused: {shown} {argument}: takes no arguments but -h/--help; "
+    assert result.stderr == (f"refused: {shown} {argument}: {takes}; "
                              f"settings are environment variables (e.g. DRY_RUN=1 {shown}); see "
                              f"{shown} --help\n")
+    assert not (tmp_path / "run" / "calls").exists()
+
+
+@pytest.mark.parametrize("args, refused", [
+    (["--json"], "refused: scripts/doctor --json: only with --platform; see scripts/doctor --help"),
+    (["--platform", "--platform"], "refused: scripts/doctor --platform: takes no arguments but "
+     "-h/--help, --platform, --json; settings are environment variables (e.g. DRY_RUN=1 "
+     "scripts/doctor); see scripts/doctor --help"),
+])
+def test_the_doctors_options_are_refused_alone_or_twice(tmp_path, args, refused):
+    (tmp_path / "run").mkdir()
+    result = subprocess.run([str(REPO / "scripts/doctor"), *args],
+                            env=sealed(tmp_path / "run", True), cwd=tmp_path,
+                            capture_output=True, text=True, timeout=HANG_GUARD_S, check=False)
+    assert (result.returncode, result.stdout, result.stderr) == (2, "", refused + "\n")
     assert not (tmp_path / "run" / "calls").exists()
 
 

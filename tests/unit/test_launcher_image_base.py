@@ -219,7 +219,7 @@ def test_anything_but_the_labels_reads_as_unknown(text):
 
 def test_the_labels_read_as_written():
     base = image_base.parse(json.dumps(chain_labels("0.34.0", PROVIDED)))
-    assert base == image_base.ImageBase("0.34.0", tuple(PROVIDED.split()))
+    assert base == image_base.ImageBase("0.34.0", tuple(PROVIDED.split()), labelled=True)
     assert image_base.parse(json.dumps(chain_labels("0.33.0", ""))).provided == ()
     # only the exact word is refused: another value, or another variable, is not
     for words in (["VLLM_USE_V2_MODEL_RUNNER=1"], ["VLLM_USE_V2_MODEL_RUNNER=00"],

@@ -13,6 +13,9 @@ PROFILES = {
     "default": ({}, "defaults"),
     "mtp": ({}, "spec-mtp-unpinned"),
     "eager": ({}, "eager-unpinned"),
+    # the field's fastest levers this recipe carries (docs/levers.md); NVFP4 target groups
+    # need the force outside scripts/compare
+    "field-fastest": ({"FORCE_UNSAFE_WEIGHTS": 1, **PINNED}, "field-fastest"),
 }
 
 

@@ -32,8 +32,16 @@ TP_WHY = ("accepted: a multiple of the node count 2 (each node runs TP / nodes r
           "for the node count")
 PATH_WHY = "accepted: an absolute path (~/ allowed) without commas"
 HEX_PIN = "accepted: a 40-hex commit hash, or empty"
-MOE_WHY = ("on GB10 flashinfer_cutlass ran out of memory in its JIT after the 90.67 GiB of "
-           "weights (the seed's run); accepted: marlin, or set FORCE_UNSAFE_MOE=1")
+MOE_ACCEPTED = "accepted: marlin | b12x, or set FORCE_UNSAFE_MOE=1"
+MOE_WHY = ("on GB10 it ran out of memory in its JIT after the 90.67 GiB of weights (the seed's "
+           f"run); {MOE_ACCEPTED}")
+MOE_AUTO_WHY = ("vLLM's own order (model_executor/layers/fused_moe/oracle/nvfp4.py) tries "
+                "FlashInfer's and CUTLASS's kernels before Marlin, and flashinfer_cutlass ran out "
+                "of memory in its JIT after the 90.67 GiB of weights (the seed's run); "
+                f"{MOE_ACCEPTED}")
+MOE_OTHER_WHY = ("not run on GB10 by the seed or by this recipe; judge it on your Spark with "
+                 "scripts/compare --reference '' --candidate 'MOE_BACKEND=cutlass "
+                 f"FORCE_UNSAFE_MOE=1'; {MOE_ACCEPTED}")
 LINEAR_WHY = ("auto picked a FlashInfer FP4 GEMM that JIT-compiles on sm_121 and six boots "
               "collapsed (the seed, September); accepted: marlin, or set FORCE_UNSAFE_LINEAR=1")
 BLOCK_WHY = ("vLLM takes any block size above 0; 2304 tiles the 64-entry pool pages DeepGEMM's "
@@ -44,7 +52,7 @@ ENV_PREFIXES = "VLLM_ NCCL_ GLOO_ UCX_ TORCH_ TORCHINDUCTOR_ PYTORCH_ CUDA_ NVID
 FLOOR_WHY = "GiB of MemAvailable below which the guard stops every rank (0: no floor); accepted: an integer 0..1024"
 
 REFUSALS = [
-    ({"PROFILE": "fast"}, "PROFILE=fast: accepted: default | seed-pr | mtp | eager"),
+    ({"PROFILE": "fast"}, "PROFILE=fast: accepted: default | seed-pr | mtp | eager | field-fastest"),
     ({"SPEC": "dflash"}, "SPEC=dflash: accepted: dflash2 | mtp | off"),
     ({"SPEC": "MTP"}, "SPEC=MTP: accepted: dflash2 | mtp | off"),
     ({"DRAFTER": "incoai-v2"}, "DRAFTER=incoai-v2: accepted: dflash2-g | incoai | an absolute path"),
@@ -79,10 +87,31 @@ REFUSALS = [
     ({"GPU_MEMORY_UTILIZATION": "1.5"}, f"GPU_MEMORY_UTILIZATION=1.5: {FRACTION_WHY}"),
     ({"GPU_MEMORY_UTILIZATION": "0.0"}, f"GPU_MEMORY_UTILIZATION=0.0: {FRACTION_WHY}"),
     ({"GPU_MEMORY_UTILIZATION": "85%"}, f"GPU_MEMORY_UTILIZATION=85%: {FRACTION_WHY}"),
+    # each backend its own reason (issue 48): b12x is accepted here and judged by the image
     ({"MOE_BACKEND": "flashinfer_cutlass"}, f"MOE_BACKEND=flashinfer_cutlass: {MOE_WHY}"),
-    ({"MOE_BACKEND": "auto"}, f"MOE_BACKEND=auto: {MOE_WHY}"),
+    ({"MOE_BACKEND": "auto"}, f"MOE_BACKEND=auto: {MOE_AUTO_WHY}"),
+    ({"MOE_BACKEND": "cutlass"}, f"MOE_BACKEND=cutlass: {MOE_OTHER_WHY}"),
+    ({"MOE_BACKEND": "flashinfer_b12x"},
+     "MOE_BACKEND=flashinfer_b12x: vLLM 0.30.0 leaves it out of its own choice until the "
+     "upstream CUTLASS SM121 MMA op guard is resolved (model_executor/layers/fused_moe/oracle/"
+     f"nvfp4.py); b12x is the B12X kernels' own backend; {MOE_ACCEPTED}"),
     ({"MOE_BACKEND": "Marlin!", "FORCE_UNSAFE_MOE": "1"},
-     "MOE_BACKEND=Marlin!: accepted: a vLLM backend name such as marlin"),
+     "MOE_BACKEND=Marlin!: accepted: a vLLM backend name such as marlin or b12x"),
+    ({"DRAFT_TP": "1"},
+     "DRAFT_TP=1: vLLM's DFlash and DFlash2 loader (v1/worker/gpu/spec_decode/dflash/utils.py, "
+     "load_dflash_model, in 0.30.0, 0.33.0, 0.34.0 and the vendor fork) builds the drafter with "
+     "the target's parallel config and never reads draft_tensor_parallel_size, so the drafter "
+     "would still be split across the nodes; accepted: target"),
+    ({"DRAFT_TP": "2"}, "DRAFT_TP=2: accepted: target | 1"),
+    ({"COMPACT_MEMORY": "yes"}, "COMPACT_MEMORY=yes: accepted: 0 | 1"),
+    ({"GPU_CLOCK_MHZ": "2150MHz"},
+     "GPU_CLOCK_MHZ=2150MHz: accepted: MHz as N (locked at N) or MIN,MAX (a cap: 0,2150), or "
+     "empty"),
+    ({"GPU_CLOCK_MHZ": "0"},
+     "GPU_CLOCK_MHZ=0: accepted: MHz as N (locked at N) or MIN,MAX (a cap: 0,2150), or empty"),
+    ({"GPU_CLOCK_MHZ": "2200,2100"},
+     "GPU_CLOCK_MHZ=2200,2100: the lowest clock 2200 MHz is above the highest 2100; accepted: "
+     "N, or MIN,MAX with MIN at most MAX"),
     ({"FORCE_UNSAFE_MOE": "yes"}, "FORCE_UNSAFE_MOE=yes: accepted: 0 | 1"),
     ({"LINEAR_BACKEND": "auto"}, f"LINEAR_BACKEND=auto: {LINEAR_WHY}"),
     ({"LINEAR_BACKEND": "flashinfer_cutlass"}, f"LINEAR_BACKEND=flashinfer_cutlass: {LINEAR_WHY}"),

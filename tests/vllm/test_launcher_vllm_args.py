@@ -117,6 +117,8 @@ SCENARIOS = {
                     "EXTRA_ARGS": """--root-path "/it's glm" """}, 2),
     "forced-backends": ({"MOE_BACKEND": "flashinfer_cutlass", "FORCE_UNSAFE_MOE": 1,
                          "LINEAR_BACKEND": "auto", "FORCE_UNSAFE_LINEAR": 1}, 2),
+    # MOE_BACKEND=b12x (issue 48): 0.30.0's parser has the backend (the vendor fork's has not)
+    "b12x": ({"MOE_BACKEND": "b12x"}, 2),
     "none-optional": ({"TOOL_CALL_PARSER": "none", "REASONING_PARSER": "none",
                        "SERVED_MODEL_NAME": "none", "MM_PROCESSOR_CACHE_GB": "none",
                        "MAX_NEW_TOKENS": "none", "BLOCK_SIZE": "none"}, 2),
@@ -153,6 +155,7 @@ CHANGES = {
                                                   "note": "it's"},
                    "root_path": "/it's glm"},
     "forced-backends": {"moe_backend": "flashinfer_cutlass", "linear_backend": "auto"},
+    "b12x": {"moe_backend": "b12x"},
     "none-optional": {"tool_call_parser": None, "enable_auto_tool_choice": False,
                       "reasoning_parser": "", "served_model_name": None,
                       "mm_processor_cache_gb": 4.0, "override_generation_config": {},
