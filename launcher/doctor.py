@@ -18,7 +18,7 @@ import re
 import shutil
 import subprocess
 
-from launcher import apikey, host_levers, plan, platform, preflight
+from launcher import apikey, host_levers, node_platform, plan, preflight
 from launcher.checks import Checked
 from launcher.serve import nodes_of
 from launcher.settings import Failed
@@ -265,17 +265,17 @@ class Doctor:
 
 
 def platform_report(checked: Checked, as_json: bool) -> int:
-    """--platform: every node's platform probe (launcher/platform.py), and what run.sh locked
+    """--platform: every node's platform probe (launcher/node_platform.py), and what run.sh locked
     (launcher/host_levers.py's record); a line a node, or one JSON object."""
     nodes = nodes_of(checked)
-    doc = platform.read_cluster(nodes, checked["IMAGE"], checked.words["DOCKER_ARGS"])
+    doc = node_platform.read_cluster(nodes, checked["IMAGE"], checked.words["DOCKER_ARGS"])
     doc["clock_lock"] = host_levers.read_record(checked["RUNS_DIR"])
-    unmeasured = [node for node in doc["nodes"] if platform.bandwidth(node) is None]
+    unmeasured = [node for node in doc["nodes"] if node_platform.bandwidth(node) is None]
     if as_json:
         print(json.dumps(doc), flush=True)
     else:
         for node in doc["nodes"]:
-            finding(f"{platform.label(node)}: {platform.describe(node)}")
+            finding(f"{node_platform.label(node)}: {node_platform.describe(node)}")
         finding(host_levers.describe_record(doc["clock_lock"]))
         outcome = ("bandwidth not measured on " + ", ".join(node["node"] for node in unmeasured)
                    if unmeasured else "measured on every node")

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from launcher import (apikey, extra_args, gpus, host_levers, image_base, memguard, pins,
-                      plan, platform, preflight, scan_verdict, steps)
+                      node_platform, plan, preflight, scan_verdict, steps)
 from launcher.checks import Checked
 from launcher.remote import Nodes
 from launcher.settings import Failed, Refused, RefusedAbove, refusal
@@ -471,9 +471,9 @@ class Serving:
                          self.plan.lock_clocks, say)
 
     def probe_line(self, index: int) -> tuple[dict, str]:
-        doc = platform.run_probe(self.nodes, index, self.plan.probe,
+        doc = node_platform.run_probe(self.nodes, index, self.plan.probe,
                                  f"a container of {self['IMAGE']}")
-        return doc, platform.describe(doc)
+        return doc, node_platform.describe(doc)
 
     def compact_memory(self) -> None:
         """COMPACT_MEMORY=1: every node's free memory compacted, the platform probe's read
@@ -495,7 +495,7 @@ class Serving:
                              "COMPACT_MEMORY=0 to start without it")
             after, line = self.probe_line(index)
             say(f"platform on {where} after compaction: {line}")
-            say(f"memory compaction on {where}: {platform.change(before, after)}")
+            say(f"memory compaction on {where}: {node_platform.change(before, after)}")
 
     # ------------------------------------------------------------------ the ranks
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass, field
 
-from launcher import (apikey, extra_args, gpus, host_levers, image_base, memguard, plan,
-                      platform, preflight)
+from launcher import (apikey, extra_args, gpus, host_levers, image_base, memguard,
+                      node_platform, plan, preflight)
 from recipekit import baselock, sm121_packages
 from recipekit.text_integrity import FIELD_MAX_TOKENS
 from launcher.plan import UNPINNED, Launch, Plan
@@ -231,7 +231,7 @@ def host_levers_steps(the_plan: Plan) -> list[Step]:
                     "compaction (COMPACT_MEMORY=1: a privileged container writes 1 to "
                     "/proc/sys/vm/compact_memory), the probe again; the read bandwidth and the "
                     "free memory in 2 MiB blocks printed before and after")
-        probe = str(platform.PROBE)
+        probe = str(node_platform.PROBE)
         for index in _each_node(launch):
             step.on(index, the_plan.probe, probe).on(index, the_plan.compact_memory)
             step.on(index, the_plan.probe, probe)

@@ -77,8 +77,10 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: tests/gpu/platform_probe.py OUT.json", file=sys.stderr)
         return 2
-    done = subprocess.run([sys.executable, str(PROBE)], capture_output=True, text=True,
-                          timeout=600, check=False)
+    # on stdin, as the launcher runs it in a rank's container: run as a file from launcher/,
+    # the folder's own modules would come first on sys.path
+    done = subprocess.run([sys.executable, "-"], input=PROBE.read_text(), capture_output=True,
+                          text=True, timeout=600, check=False)
     try:
         probe = json.loads(done.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):

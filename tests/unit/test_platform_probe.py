@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from launcher import platform
+from launcher import node_platform
 from launcher import platform_probe as probe
 from tests.timing import HANG_GUARD_S
 from tests.unit.test_launcher_support import REPO
@@ -38,7 +38,7 @@ def plant_proc(folder, meminfo=MEMINFO, buddyinfo=BUDDYINFO, uptime="93784.51 10
 
 
 def run_script(env, *args):
-    done = subprocess.run([sys.executable, str(platform.PROBE), *args], env=env,
+    done = subprocess.run([sys.executable, str(node_platform.PROBE), *args], env=env,
                           capture_output=True, text=True, timeout=HANG_GUARD_S, check=False)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
@@ -176,7 +176,7 @@ def test_the_script_on_fakes_prints_every_part(fake_gpu):
     page = mmap.PAGESIZE // 1024
     assert doc["fragmentation"] == probe.parse_buddyinfo(BUDDYINFO, page)
     assert doc["uptime"] == {"seconds": 93784.51}
-    line = platform.describe({"node": "192.0.2.1", "role": "head", **doc})
+    line = node_platform.describe({"node": "192.0.2.1", "role": "head", **doc})
     assert line.startswith("read 238.0 GB/s (NVIDIA GB10, 384 MiB buffer); SM 2405 of 3003 MHz, "
                            "memory n/a, clocks not locked, clock-event reasons: gpu_idle; "
                            "MemAvailable 100.0 GiB; ")
@@ -191,7 +191,7 @@ def test_the_script_says_why_a_part_is_missing(tmp_path, fake_gpu):
                                        "is absent)"}
     assert doc["fragmentation"] == {"why": "cannot read /proc/buddyinfo: No such file or "
                                            "directory"}
-    assert "bandwidth not measured (no NVIDIA device" in platform.describe(doc)
+    assert "bandwidth not measured (no NVIDIA device" in node_platform.describe(doc)
 
 
 def test_the_real_proc_of_this_machine_is_read(tmp_path):
@@ -206,7 +206,7 @@ def test_the_real_proc_of_this_machine_is_read(tmp_path):
 
 
 def test_an_unknown_argument_is_refused():
-    done = subprocess.run([sys.executable, str(platform.PROBE), "--gpu"], capture_output=True,
+    done = subprocess.run([sys.executable, str(node_platform.PROBE), "--gpu"], capture_output=True,
                           text=True, timeout=HANG_GUARD_S, check=False)
     assert (done.returncode, done.stderr) == (
         2, "platform_probe: unknown argument --gpu; accepted: --no-gpu\n")
@@ -215,8 +215,8 @@ def test_an_unknown_argument_is_refused():
 def test_a_levers_change_is_phrased_from_two_probes_or_says_why_not():
     before = {"bandwidth": {"gb_s": 238.0}, "fragmentation": {"high_order_share": 0.31}}
     after = {"bandwidth": {"gb_s": 264.0}, "fragmentation": {"high_order_share": 0.93}}
-    assert platform.change(before, after) == ("read bandwidth 238.0 -> 264.0 GB/s (+10.9%); "
+    assert node_platform.change(before, after) == ("read bandwidth 238.0 -> 264.0 GB/s (+10.9%); "
                                               "free memory in 2 MiB blocks 31% -> 93%")
     blind = {"bandwidth": {"why": "torch sees no CUDA device"}, "fragmentation": {}}
-    assert platform.change(blind, after) == ("read bandwidth not compared (torch sees no CUDA "
+    assert node_platform.change(blind, after) == ("read bandwidth not compared (torch sees no CUDA "
                                              "device)")
