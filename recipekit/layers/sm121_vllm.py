@@ -206,6 +206,36 @@ def _feature_check_fp8_only(module: cst.Module):
     )
 
 
+_STATE = m.Call(func=m.Name("_SM90State"))
+_STORAGE_DTYPE = m.Attribute(value=m.Name("kv_cache_spec"), attr=m.Name("dtype"))
+_LOGICAL_DTYPE = "torch.float8_e4m3fn if kv_cache_spec.dtype == torch.uint8 else kv_cache_spec.dtype"
+_MAPS_UINT8 = m.IfExp(
+    test=compare(_STORAGE_DTYPE, m.Equal(), dotted("torch", "uint8")),
+    body=dotted("torch", "float8_e4m3fn"),
+)
+
+
+# D2e: FP8 KV is stored as uint8; FlashInfer's MLA plan wants its logical dtype (vLLM 0.33.0
+# maps it; 0.30.0 and the fork shape hand plan() torch.uint8, which FlashInfer refuses).
+def _fp8_plan_dtype(module: cst.Module):
+    hits = [(top, call) for top in module.body for call in m.findall(top, _STATE)]
+    top, call = only(hits, "_SM90State(...) call")
+    if len(call.args) < 3 or call.args[2].keyword is not None:
+        raise Drift(f"_SM90State(...) takes no third positional argument: {code(call)}")
+    arg = call.args[2]
+    where = "the SM90 sparse MLA builder's _SM90State(...)"
+    if m.matches(arg.value, _MAPS_UINT8) or any(m.findall(top, _MAPS_UINT8)):
+        return module, True, f"{where} already plans FP8 KV as float8_e4m3fn"
+    if not m.matches(arg.value, _STORAGE_DTYPE):
+        raise Drift(f"{where} gets `{code(arg.value)}` as its KV dtype, not kv_cache_spec.dtype")
+    new_arg = arg.with_changes(value=cst.parse_expression(_LOGICAL_DTYPE))
+    return (
+        edited(module, [top], arg, new_arg),
+        False,
+        f"{where}: KV dtype `{_LOGICAL_DTYPE}`",
+    )
+
+
 # D4: programmatic dependent launch on Hopper and Blackwell datacenter parts only.
 def _pdl_on_9_and_10(module: cst.Module):
     cls = _class_defining(module, "is_arch_support_pdl")
@@ -325,6 +355,13 @@ CHANGES = (
         (SM90_BACKEND,),
         "bf16 KV no longer needs FlashInfer's SM90 NoPE feature",
         _feature_check_fp8_only,
+        skip_when=_no_sm90_backend,
+    ),
+    Change(
+        "D2e",
+        (SM90_BACKEND,),
+        "FP8 KV planned as float8_e4m3fn, not its uint8 storage",
+        _fp8_plan_dtype,
         skip_when=_no_sm90_backend,
     ),
     Change("D4", (CUDA,), "PDL on majors 9 and 10 only", _pdl_on_9_and_10),

@@ -52,7 +52,9 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 VERSION = "0.30.0"
-LAYERS = ("v8_moe_scales", "v8_linear_scales", "v9", "v10", "v11", "v11_dflash_block_drop", "v13",
+# v8's vLLM changes too (its FlashInfer ones skip: no flashinfer/ in the tree; part fi carries
+# the FlashInfer 0.30.0 pins): the kpool fills and the SM90 sparse MLA backend's FP8 plan dtype
+LAYERS = ("v8", "v8_moe_scales", "v8_linear_scales", "v9", "v10", "v11", "v11_dflash_block_drop", "v13",
           "v13_weights")
 LOCK = Path(__file__).with_name("requirements.txt")
 FI_LOCK = Path(__file__).with_name("requirements-fi.txt")  # part fi's FlashInfer

@@ -29,7 +29,7 @@ KPOOL = "vllm/models/glm5next/nvidia/ops/kpool_compress.py"
 MLA_HEADER = "flashinfer/data/include/flashinfer/attention/mla.cuh"
 MLA_CORE = "flashinfer/mla/_core.py"
 FA_COMMON = "flashinfer/mla/_batch_mla/_backends/_fa_common.py"
-ALL = ["D1", "D2a", "D2b", "D2c", "D4", "V7a", "V7b", "V7c", "F1", "F2", "F3"]
+ALL = ["D1", "D2a", "D2b", "D2c", "D2e", "D4", "V7a", "V7b", "V7c", "F1", "F2", "F3"]
 # FlashInfer 0.6.x has no Python mirror of the kernel's fp8 tile: F3 is skipped there
 FORK_SET = dict.fromkeys(ALL[:-1], "applied") | {"F3": "skipped"}
 INSTALL_FIRST = "install the FlashInfer of v8's package set for this base first"
@@ -94,7 +94,8 @@ def test_0300_with_flashinfer_0618_applies_every_change(patched_0300, release):
         [CUDA, SM90, INDEXER_0300, KPOOL, MLA_HEADER, MLA_CORE]
     )
     assert "touched modules import" in report["reason"]
-    assert report["reason"].endswith("[applied: D1 D2a D2b D2c D4 V7a V7b V7c F1 F2; skipped: F3]")
+    assert report["reason"].endswith(
+        "[applied: D1 D2a D2b D2c D2e D4 V7a V7b V7c F1 F2; skipped: F3]")
     stock = tree_digest(release("0.30.0")) | {
         f"flashinfer/{k}": v
         for k, v in tree_digest(flashinfer_tree("0.6.18") / "flashinfer").items()
@@ -132,6 +133,7 @@ def test_0271_applies_d4_and_says_why_it_skips_the_rest(root):
         "D2a": "skipped",
         "D2b": "skipped",
         "D2c": "skipped",
+        "D2e": "skipped",
         "D4": "applied",
         "V7a": "skipped",
         "V7b": "skipped",
@@ -140,7 +142,7 @@ def test_0271_applies_d4_and_says_why_it_skips_the_rest(root):
         "F2": "skipped",
         "F3": "skipped",
     }
-    for change in ("D1", "D2a", "D2b", "D2c"):
+    for change in ("D1", "D2a", "D2b", "D2c", "D2e"):
         assert "no SM90 sparse MLA backend" in findings(report, change)[0]["detail"]
         assert "FLASHINFER_MLA_SPARSE_SM90" in findings(report, change)[0]["detail"]
     for change in ("V7a", "V7b", "V7c"):
@@ -157,7 +159,8 @@ def test_a_base_with_flashinfer_0_7_gets_every_change_and_f2_f3_in_the_fa_planne
     target = root(version, flashinfer)
     code, report = patch(target, "--require-flashinfer", "--import-check", "off")
     assert (code, report["outcome"]) == (0, "applied"), report["reason"]
-    assert statuses(report) == dict.fromkeys(ALL, "applied")
+    # 0.33.0 maps FP8's uint8 storage to float8_e4m3fn for the plan itself (D2e present)
+    assert statuses(report) == dict.fromkeys(ALL, "applied") | {"D2e": "present"}
     assert sorted(report["files"]) == sorted([CUDA, SM90, INDEXER_0330, KPOOL, MLA_HEADER, FA_COMMON])
     for change in ("F2", "F3"):
         assert findings(report, change)[0]["file"] == FA_COMMON
@@ -234,7 +237,8 @@ def test_0330_finds_v7ab_where_it_moved_and_d4_under_its_cache_decorator(root):
     target = as_unreleased(root("0.33.0"))
     code, report = patch(target, "--import-check", "off")
     assert (code, report["outcome"]) == (0, "applied")
-    assert statuses(report) == dict.fromkeys(ALL[:8], "applied") | {
+    assert statuses(report) == dict.fromkeys(ALL[:9], "applied") | {
+        "D2e": "present",
         "F1": "skipped",
         "F2": "skipped",
         "F3": "skipped",
