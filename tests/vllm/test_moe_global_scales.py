@@ -177,3 +177,17 @@ def test_the_exact_route_s_plants_fail(probed, version):
     assert [e for e, error in enumerate(off) if error > EXACT_BOUND] == [3]
     assert off[3] > PLANT_FLOOR
     assert min(routes["exact_slot_first"]) > PLANT_FLOOR  # rows read slot-first: every expert
+
+
+@pytest.mark.parametrize("version", TREES)
+def test_marlin_takes_the_exact_route_and_every_other_backend_the_fold(probed, version):
+    """Each NVFP4 MoE backend's experts classes, from vLLM's own backend table: the exact route
+    only where the experts class hands its activation a 16-bit intermediate (Marlin's); B12X,
+    FlashInfer's and CUTLASS's kernels fuse the activation, so they fold."""
+    routes = probed[version]["routes_by_backend"]
+    assert routes["MARLIN"] == {"MarlinExperts": "exact"}, routes
+    for backend, classes in routes.items():
+        if backend != "MARLIN" and isinstance(classes, dict):
+            assert set(classes.values()) == {"fold"}, (backend, classes)
+    if "B12X" in routes:
+        assert routes["B12X"] == {"B12xExperts": "fold"}, routes["B12X"]

@@ -303,6 +303,23 @@ def policy_errors(helper, packed, scales, globals_) -> dict:
     return out
 
 
+def routes_by_backend(helper) -> dict:
+    """For every NVFP4 MoE backend this tree offers, the experts classes vLLM's own table
+    (oracle/nvfp4.py backend_to_kernel_cls) maps it to, and the route the fix takes for each."""
+    from vllm.model_executor.layers.fused_moe.oracle import nvfp4
+
+    routes = {}
+    for backend in nvfp4.NvFp4MoeBackend:
+        try:
+            classes = nvfp4.backend_to_kernel_cls(backend)
+        except Exception as error:  # noqa: BLE001  an optional kernel package absent on CPU
+            routes[backend.name] = f"not importable here: {type(error).__name__}"
+            continue
+        routes[backend.name] = {cls.__name__: helper.choose_route(
+            types.SimpleNamespace(experts_cls=cls)) for cls in classes}
+    return routes
+
+
 def main() -> None:
     from vllm.distributed import parallel_state
     from vllm.model_executor.layers.quantization import glm53_moe_scales as helper
@@ -333,6 +350,7 @@ def main() -> None:
     from vllm.model_executor.layers.fused_moe.experts.marlin_moe import MarlinExperts
 
     result["exact"] = exact_route(modelopt, helper, MarlinExperts, data)
+    result["routes_by_backend"] = routes_by_backend(helper)
     result["model_report"] = helper.MODEL_REPORT.line()
     print(json.dumps(result))
 
