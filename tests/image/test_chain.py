@@ -374,7 +374,7 @@ def test_the_serving_image_holds_the_pins_and_every_v8_change(chain_fork):
     assert check["outcome"] == "already-applied", check["reason"]
     found = {finding["change"]: finding["status"] for finding in check["changes"]}
     assert found == dict.fromkeys(
-        ("D1", "D2a", "D2b", "D2c", "D4", "V7a", "V7b", "V7c", "F1", "F2"), "present"
+        ("D1", "D2a", "D2b", "D2c", "D2e", "D4", "V7a", "V7b", "V7c", "F1", "F2"), "present"
     ) | {"F3": "skipped"}  # FlashInfer 0.6.18 has no Python mirror of the fp8 tile
     assert no_jit_cache == "True"
 
@@ -420,7 +420,8 @@ def test_v8_on_a_0330_standin_installs_that_releases_set_and_patches_flashinfer_
     installed = dict(pin.split("==") for pin in v8["glm53.packages"].split(","))
     assert installed["flashinfer-python"] == "0.7.2.post1"
     assert {v for name, v in installed.items() if name.startswith("nvidia-cutlass-dsl")} == {"4.8.0"}
-    assert v8["glm53.reason"].endswith("[applied: D1 D2a D2b D2c D4 V7a V7b V7c F1 F2 F3]")
+    assert v8["glm53.reason"].endswith(
+        "[applied: D1 D2a D2b D2c D4 V7a V7b V7c F1 F2 F3; present: D2e]")
     assert "flashinfer/mla/_batch_mla/_backends/_fa_common.py" in v8["glm53.files"].split(",")
     log = (REPO_ROOT / "build" / "logs" / "v8.log").read_text()  # last in the file: its v8 build is the last
     assert "removing flashinfer-jit-cache 0.6.18" in log
