@@ -66,7 +66,7 @@ def from_launcher(url: str, max_model_len, environ: Mapping[str, str]) -> tuple[
     if parts.hostname not in LOOPBACK:
         return None, f"{url} is not on this host"
     from launcher import cli  # the bench runs from the launcher's checkout
-    from launcher.settings import Refused, resolve
+    from launcher.plan.settings import Refused, resolve
     cluster_file = Path(environ.get("CLUSTER_ENV") or cli.ROOT / "cluster.env")
     try:
         values = resolve(recipe.load(), environ, cluster_file)

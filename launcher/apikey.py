@@ -16,8 +16,8 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from launcher.checks import chain_layer_number
-from launcher.settings import refusal
+from launcher.plan.checks import chain_layer_number
+from launcher.plan.settings import refusal
 from recipekit.apikey import KeyFileError, create_key, read_key
 
 # The paths the chain's vLLM answers without the key: OPEN_PATHS of patches/v8/api_key_guard.py

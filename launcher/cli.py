@@ -11,9 +11,10 @@ import os
 import sys
 from pathlib import Path
 
-from launcher import checks, model_heads, usage, user_settings
-from launcher.drafter import sliding
-from launcher.settings import Failed, Refused, RefusedAbove, resolve
+from launcher import usage
+from launcher.plan import checks, model_heads, user_settings
+from launcher.plan.drafter import sliding
+from launcher.plan.settings import Failed, Refused, RefusedAbove, resolve
 from recipekit import recipe
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,11 +47,11 @@ def main(argv: list[str]) -> int:
         if command in usage.SCRIPTS and usage.handled(command, argv[1:]):
             return 0
         if command == "run":
-            from launcher import serve
+            from launcher.apply import serve
 
             return serve.run(load(), ROOT)
         if command == "stop":
-            from launcher import serve
+            from launcher.apply import serve
 
             return serve.stop(load(only=STOP_KNOBS))
         if command == "doctor":
@@ -62,7 +63,7 @@ def main(argv: list[str]) -> int:
 
             return compare.main(argv[1:])
         if command == "self-check":
-            from launcher import selfcheck
+            from launcher.apply import selfcheck
 
             return selfcheck.main(argv[1:])
         print("usage: launcher/entry.py run|stop|doctor|compare|self-check", file=sys.stderr)

@@ -18,10 +18,12 @@ import re
 import shutil
 import subprocess
 
-from launcher import apikey, host_levers, node_platform, plan, preflight
-from launcher.checks import Checked
-from launcher.serve import nodes_of
-from launcher.settings import Failed
+from launcher import apikey
+from launcher.plan import plan, preflight
+from launcher.apply import host_levers, node_platform
+from launcher.plan.checks import Checked
+from launcher.apply.serve import nodes_of
+from launcher.plan.settings import Failed
 
 EXIT_READY, EXIT_MISSING, EXIT_LOADING, EXIT_MISMATCH, EXIT_DOWN = 0, 3, 4, 5, 6
 EXIT_UNMEASURED = 7  # --platform: a node's read bandwidth could not be measured

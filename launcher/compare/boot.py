@@ -24,7 +24,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from launcher import plan, serve
+from launcher.plan import plan
+from launcher.apply import serve
 from launcher.compare.crash_guard import CRASHED
 from launcher.compare.rundir import (
     BOOTS,
@@ -40,7 +41,7 @@ from launcher.compare.rundir import (
     served_conflicts,
 )
 from launcher.compare.sides import Side
-from launcher.settings import Failed, Refused, RefusedAbove
+from launcher.plan.settings import Failed, Refused, RefusedAbove
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher import serve
+from launcher.apply import serve
 from launcher.compare import boot as boots
 from launcher.compare import platform as compare_platform
 from launcher.compare import report, results, sides
@@ -30,8 +30,8 @@ from launcher.compare.rundir import (
     check_same,
     reference_source,
 )
-from launcher.settings import Refused
-from launcher.words import quote
+from launcher.plan.settings import Refused
+from launcher.plan.words import quote
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFIX = "compare: "

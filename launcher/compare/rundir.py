@@ -24,7 +24,7 @@ import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from launcher.settings import Refused
+from launcher.plan.settings import Refused
 
 SCHEMA = "compare/1"
 PLAN_FILE = "compare.json"

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher import cli
-from launcher.checks import Checked
-from launcher.settings import Refused, resolve
+from launcher.plan.checks import Checked
+from launcher.plan.settings import Refused, resolve
 from recipekit import recipe
 from recipekit.recipe import Recipe
 

@@ -8,7 +8,7 @@ import pytest
 
 from launcher.compare import boot, command
 from launcher.compare.rundir import Options, RunDir
-from launcher.settings import Refused
+from launcher.plan.settings import Refused
 
 
 def bench_argv(options: Options) -> tuple[str, ...]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 
-from launcher import host_levers
+from launcher.apply import host_levers
 from tests.timing import HANG_GUARD_S
 from tests.unit.test_launcher_lifecycle import HEAD, WORKER, calls, make_cluster, serve
 from tests.unit.test_launcher_support import FAKE_SSH, REPO, launcher_env, run

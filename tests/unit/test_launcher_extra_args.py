@@ -6,7 +6,7 @@ meets vLLM 0.30.0's own parser in tests/vllm/test_extra_args_probe.py."""
 
 import json
 
-from launcher import extra_args
+from launcher.plan import extra_args
 from tests.unit.test_launcher_lifecycle import make_cluster, serve, started
 from tests.unit.test_launcher_support import REPO, dry_run, sealed_bin
 

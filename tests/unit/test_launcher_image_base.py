@@ -12,7 +12,9 @@ import json
 
 import pytest
 
-from launcher import cli, image_base, plan, serve as serving
+from launcher import cli
+from launcher.plan import image_base, plan
+from launcher.apply import serve as serving
 from tests.unit.test_launcher_lifecycle import (
     HEAD,
     IMAGE,

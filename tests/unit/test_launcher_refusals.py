@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher import cli, plan, serve
-from launcher.settings import Refused
+from launcher import cli
+from launcher.plan import plan
+from launcher.apply import serve
+from launcher.plan.settings import Refused
 from recipekit import recipe
 from tests.unit.test_launcher_support import REPO, launcher_env, run
 
@@ -434,7 +436,7 @@ def test_the_launchers_ring_is_the_images(monkeypatch):
     import sys
     import types
 
-    from launcher.checks import kpool_ring
+    from launcher.plan.checks import kpool_ring
 
     torch = types.ModuleType("torch")  # the unit tier has no torch; only annotations name it
     torch.Tensor, torch.dtype = object, object

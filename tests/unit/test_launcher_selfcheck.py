@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from launcher import selfcheck
+from launcher.apply import selfcheck
 from tests.compare_cluster import fake_model, fake_rank_command, make_cluster
 from tests.fakes import fake_vllm
 from tests.timing import HANG_GUARD_S

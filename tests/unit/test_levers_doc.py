@@ -9,7 +9,7 @@ import tomllib
 
 import pytest
 
-from launcher import render
+from launcher.plan import render
 from launcher.compare import sides
 from recipekit import recipe
 from tests.unit.test_compare_sides import environ  # noqa: F401 (a fixture)

@@ -6,8 +6,10 @@ import tomllib
 
 import pytest
 
-from launcher import cli, plan, render, serve, steps
-from launcher.settings import Refused
+from launcher import cli
+from launcher.plan import plan, render
+from launcher.apply import serve, steps
+from launcher.plan.settings import Refused
 from recipekit import recipe
 from tests.unit.launcher_fixtures import PINNED, fixture, normalised
 from tests.unit.test_launcher_support import REPO, launcher_env, sealed_bin

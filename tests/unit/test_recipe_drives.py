@@ -4,7 +4,9 @@ knob declares shows up on some rank."""
 
 import pytest
 
-from launcher import cli, plan, serve
+from launcher import cli
+from launcher.plan import plan
+from launcher.apply import serve
 from recipekit import recipe
 from tests.unit.test_launcher_support import REPO, launcher_env
 

@@ -17,7 +17,7 @@ import subprocess
 
 import pytest
 
-from launcher import image_base, render
+from launcher.plan import image_base, render
 from recipekit import recipe
 from tests.unit.test_launcher_support import REPO
 

@@ -15,8 +15,8 @@ import json
 import re
 from dataclasses import dataclass
 
-from launcher.remote import Nodes
-from launcher.settings import Refused, refusal
+from launcher.apply.remote import Nodes
+from launcher.plan.settings import Refused, refusal
 from recipekit import image_labels, sm121_packages
 
 BASE_VLLM_LABEL = image_labels.BASE_VLLM

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from launcher.settings import content_lines, refusal
+from launcher.plan.settings import content_lines, refusal
 
 _PIN_LINE = re.compile(r"([^ \t\n\r\f\v]+)[ \t\n\r\f\v]+([0-9a-f]{40})")
 HEX40 = re.compile(r"[0-9a-f]{40}")

@@ -13,7 +13,7 @@ import re
 import shlex
 from pathlib import Path
 
-from launcher import image_base
+from launcher.plan import image_base
 from recipekit.recipe import CHECKPOINT_FACTS, Knob, Recipe
 
 EMPTY = "—"
@@ -25,7 +25,7 @@ REGIONS = {
     "docs/images.md": ("layer-outcomes",),
     "docs/levers.md": ("levers",),
 }
-LAYER_OUTCOMES = Path(__file__).resolve().parent.parent / "patches" / "layer-outcomes.json"
+LAYER_OUTCOMES = Path(__file__).resolve().parents[2] / "patches" / "layer-outcomes.json"
 TREE_TITLES = {"fork": "fork shape"}
 # The rows of the checkpoints table, one a [checkpoints] fact, in CHECKPOINT_FACTS' order.
 FACT_ROWS = {"format": "format", "precisions": "precisions", "size": "size",

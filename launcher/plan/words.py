@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import shlex
 
-from launcher.settings import Refused
+from launcher.plan.settings import Refused
 
 _SAFE_WORD = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from launcher.settings import Refused
+from launcher.plan.settings import Refused
 
 _OBJECT = 'a JSON object such as {"temperature": 0.6}, or empty'
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from launcher.settings import Refused, refusal
+from launcher.plan.settings import Refused, refusal
 from recipekit.drafters import catalog
 
 # Published shapes (the model cards): layers, attention, native window, causality as our

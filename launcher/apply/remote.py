@@ -9,7 +9,7 @@ from __future__ import annotations
 import subprocess
 from dataclasses import dataclass
 
-from launcher.words import quote
+from launcher.plan.words import quote
 
 
 @dataclass(frozen=True)

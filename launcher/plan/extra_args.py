@@ -10,9 +10,9 @@ import json
 import subprocess
 from pathlib import Path
 
-from launcher.settings import refusal
+from launcher.plan.settings import refusal
 
-PROBE = Path(__file__).resolve().parent / "extra_args_probe.py"
+PROBE = Path(__file__).resolve().parent.parent / "extra_args_probe.py"
 TIMEOUT_S = 300
 
 

@@ -15,11 +15,12 @@ import sys
 import time
 from pathlib import Path
 
-from launcher import (apikey, extra_args, gpus, host_levers, image_base, memguard, pins,
-                      node_platform, plan, preflight, scan_verdict, steps)
-from launcher.checks import Checked
-from launcher.remote import Nodes
-from launcher.settings import Failed, Refused, RefusedAbove, refusal
+from launcher import apikey
+from launcher.plan import extra_args, gpus, image_base, pins, plan, preflight, scan_verdict
+from launcher.apply import host_levers, memguard, node_platform, steps
+from launcher.plan.checks import Checked
+from launcher.apply.remote import Nodes
+from launcher.plan.settings import Failed, Refused, RefusedAbove, refusal
 from recipekit import baselock
 
 PROGRESS_EVERY_SECONDS = 30

@@ -16,11 +16,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launcher import apikey, image_base, pins
-from launcher.checks import Checked, image_switches
-from launcher.drafter import cksum
-from launcher.remote import Nodes
-from launcher.settings import profile_default
+from launcher import apikey
+from launcher.plan import image_base, pins
+from launcher.plan.checks import Checked, image_switches
+from launcher.plan.drafter import cksum
+from launcher.apply.remote import Nodes
+from launcher.plan.settings import profile_default
 from recipekit import baselock, recipe
 
 # The base images the host trusted (recipekit/baselock.py), beside the recipe run.sh reads.

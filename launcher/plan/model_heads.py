@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from launcher.checks import Checked
-from launcher.settings import refusal
+from launcher.plan.checks import Checked
+from launcher.plan.settings import refusal
 
 # The config keys of the head counts (a multimodal config nests them under text_config).
 ATTENTION, KV = "num_attention_heads", "num_key_value_heads"

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from launcher.settings import Refused, content_lines, refusal, setting_lines
+from launcher.plan.settings import Refused, content_lines, refusal, setting_lines
 from recipekit.recipe import Recipe
 
 # A knob name this long or longer takes one edit as a typo; this long or longer, two.

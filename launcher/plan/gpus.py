@@ -5,8 +5,8 @@ starts, and too few are refused; DRY_RUN prints the count as a step."""
 
 from __future__ import annotations
 
-from launcher.remote import Nodes
-from launcher.settings import Failed, refusal
+from launcher.apply.remote import Nodes
+from launcher.plan.settings import Failed, refusal
 
 GPU_LIST = ["nvidia-smi", "--list-gpus"]
 

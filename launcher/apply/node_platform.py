@@ -16,10 +16,10 @@ import json
 import subprocess
 from pathlib import Path
 
-from launcher import plan
-from launcher.remote import Nodes
+from launcher.plan import plan
+from launcher.apply.remote import Nodes
 
-PROBE = Path(__file__).with_name("platform_probe.py")
+PROBE = Path(__file__).parent.parent / "platform_probe.py"
 SCHEMA = "glm53-platform-nodes/1"
 # torch's import and CUDA context take seconds on a GB10; the read kernel under one
 PROBE_TIMEOUT_S = 180

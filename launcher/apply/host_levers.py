@@ -20,10 +20,10 @@ import os
 import subprocess
 from pathlib import Path
 
-from launcher import plan
-from launcher.remote import Nodes
-from launcher.settings import Failed
-from launcher.words import quote
+from launcher.plan import plan
+from launcher.apply.remote import Nodes
+from launcher.plan.settings import Failed
+from launcher.plan.words import quote
 
 RECORD = "gpu-clocks.json"
 SCHEMA = "glm53-gpu-clocks/1"

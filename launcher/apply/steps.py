@@ -10,13 +10,14 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass, field
 
-from launcher import (apikey, extra_args, gpus, host_levers, image_base, memguard,
-                      node_platform, plan, preflight)
+from launcher import apikey
+from launcher.plan import extra_args, gpus, image_base, plan, preflight
+from launcher.apply import host_levers, memguard, node_platform
 from recipekit import baselock, sm121_packages
 from recipekit.text_integrity import FIELD_MAX_TOKENS
-from launcher.plan import UNPINNED, Launch, Plan
-from launcher.remote import Nodes
-from launcher.words import quote
+from launcher.plan.plan import UNPINNED, Launch, Plan
+from launcher.apply.remote import Nodes
+from launcher.plan.words import quote
 
 
 @dataclass(frozen=True)

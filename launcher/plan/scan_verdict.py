@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launcher.checks import chain_layer_number
+from launcher.plan.checks import chain_layer_number
 from recipekit.recipe import Recipe
 
 # scripts/scan-checkpoint's exit status for a checkpoint it read and refuses

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launcher import plan
-from launcher.remote import Nodes
+from launcher.plan import plan
+from launcher.apply.remote import Nodes
 
 # POSIX sh, run as: sh -c SCRIPT memory-preflight. Prints "swappiness N", "mem <kB>" and one
 # "gpu NAME" per running container that asked Docker for GPUs. Test seams: GLM53_MEMINFO (as

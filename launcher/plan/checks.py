@@ -13,10 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launcher import words as shell_words
-from launcher.drafter import Drafter, describe
-from launcher.generation import merged_json
-from launcher.settings import expand_path, profile_default, refusal, unset_refusal
+from launcher.plan import words as shell_words
+from launcher.plan.drafter import Drafter, describe
+from launcher.plan.generation import merged_json
+from launcher.plan.settings import expand_path, profile_default, refusal, unset_refusal
 from recipekit.imagebuild.inputs import dockerfile_of
 from recipekit.recipe import Knob, Recipe
 
