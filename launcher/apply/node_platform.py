@@ -5,7 +5,7 @@ image's own python3 and torch; where none runs, in a throwaway container of IMAG
 site's DOCKER_ARGS (what gives a container the GPU). The script travels on stdin, so an
 image built before the probe existed runs it too. scripts/doctor --platform prints it,
 run.sh prints it around memory compaction (launcher/host_levers.py), and scripts/compare
-records it at the start and end of every boot (launcher/compare/platform.py); the bench
+records it at the start and end of every boot (compare/platform.py); the bench
 records it through scripts/doctor --platform --json.
 """
 

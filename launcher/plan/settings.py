@@ -7,7 +7,8 @@ An empty value counts as unset. A bad line or an unknown name in cluster.env is 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from recipekit.recipe import Recipe
@@ -31,6 +32,27 @@ class RefusedAbove(Exception):
 
 class Failed(Exception):
     """The launcher could not do what it was asked: `glm53: <message>`, exit 1."""
+
+
+def ended(command: Callable[[], int]) -> int:
+    """COMMAND's exit code, each way a command of the launcher's (or scripts/compare) can end
+    told in its one line: a refusal 2, a refusal already printed 2, a failure 1 (`glm53: ...`),
+    an interrupt 130, an OSError 1."""
+    try:
+        return command()
+    except Refused as refused:
+        print(refused.line, file=sys.stderr)
+        return 2
+    except RefusedAbove:
+        return 2
+    except Failed as failed:
+        print(f"glm53: {failed}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except OSError as error:
+        print(f"glm53: {error}", file=sys.stderr)
+        return 1
 
 
 def refusal(name: str, value: str, why: str) -> Refused:

@@ -10,8 +10,8 @@ import os
 
 import pytest
 
-from launcher.compare import command, rundir, sides
-from launcher.compare.rundir import Options, RunDir
+from compare import command, rundir, sides
+from compare.rundir import Options, RunDir
 from launcher.plan.settings import Refused
 from recipekit import recipe
 from tests.unit.test_launcher_support import HOME, NODES

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.compare import boot, command
-from launcher.compare.rundir import Options, RunDir
+from compare import boot, command
+from compare.rundir import Options, RunDir
 from launcher.plan.settings import Refused
 
 

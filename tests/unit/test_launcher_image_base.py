@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from launcher import cli
+from launcher.plan.load import load
 from launcher.plan import image_base, plan
 from launcher.apply import serve as serving
 from tests.unit.test_launcher_lifecycle import (
@@ -152,7 +152,7 @@ def test_the_startup_line_names_what_the_base_provides_before_the_switches(tmp_p
 
 def planned_line(tmp_path, labels, **settings):
     """The start-up line plan.build gives once a run read LABELS (as serving builds it)."""
-    checked = cli.load(launcher_env(tmp_path, **settings))
+    checked = load(launcher_env(tmp_path, **settings))
     base = image_base.parse(json.dumps(labels))
     return plan.build(checked, serving.nodes_of(checked), REPO, image_id=IMAGE_ID,
                       base=base).startup_line

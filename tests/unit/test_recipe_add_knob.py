@@ -6,7 +6,7 @@ import tomllib
 
 import pytest
 
-from launcher import cli
+from launcher.plan.load import load
 from launcher.plan import plan, render
 from launcher.apply import serve, steps
 from launcher.plan.settings import Refused
@@ -33,7 +33,7 @@ def with_new_knobs():
 
 def dry_run_text(tmp_path, the_recipe, **settings):
     env = launcher_env(tmp_path, **settings)
-    checked = cli.load(env, the_recipe=the_recipe)
+    checked = load(env, the_recipe=the_recipe)
     the_plan = plan.build(checked, serve.nodes_of(checked), REPO)
     return the_plan, normalised(steps.render(the_plan.launch.nodes, steps.run_steps(the_plan)),
                                 tmp_path)
@@ -78,7 +78,7 @@ def test_the_new_flag_is_passed_as_is(tmp_path):
 ])
 def test_the_new_knobs_are_checked(tmp_path, settings, line):
     with pytest.raises(Refused) as refused:
-        cli.load(launcher_env(tmp_path, **settings), the_recipe=with_new_knobs())
+        load(launcher_env(tmp_path, **settings), the_recipe=with_new_knobs())
     assert refused.value.line == line
 
 

@@ -4,7 +4,7 @@ knob declares shows up on some rank."""
 
 import pytest
 
-from launcher import cli
+from launcher.plan.load import load
 from launcher.plan import plan
 from launcher.apply import serve
 from recipekit import recipe
@@ -21,7 +21,7 @@ SETTINGS = [
 
 
 def ranks(tmp_path, **settings):
-    checked = cli.load(launcher_env(tmp_path, **settings))
+    checked = load(launcher_env(tmp_path, **settings))
     return plan.build(checked, serve.nodes_of(checked), REPO).ranks
 
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launcher.compare import boot as boots
-from launcher.compare import platform as compare_platform
-from launcher.compare.rundir import (
+from compare import boot as boots
+from compare import platform as compare_platform
+from compare.rundir import (
     BOOTS,
     FINISHED,
     INTEGRITY_PROBES,
@@ -27,7 +27,7 @@ from launcher.compare.rundir import (
     read_json,
     served_conflicts,
 )
-from launcher.compare.sides import drafting_only
+from compare.sides import drafting_only
 
 HEADLINE_PHASE = "prose"
 VERDICT_PREFIX = "compare: "
@@ -300,7 +300,7 @@ def decide(summary: dict, plan: dict) -> Verdict:
                 (failures.append(f"the bench ({where})") if boot == "candidate"
                  else notes.append(f"{boot}'s bench: {where}"))
     speed = speed_phrase(headline(summary["speed"], plan["options"]["concurrency"]))
-    # the platform each side ran on (launcher/compare/platform.py): a warning, not a failure
+    # the platform each side ran on (compare/platform.py): a warning, not a failure
     unlike = compare_platform.warnings(summary.get("platform"))
     notes += compare_platform.notes(summary.get("platform")) + [f"WARNING: {w}" for w in unlike]
     warning = f"; WARNING: {'; '.join(unlike)}" if unlike else ""

@@ -4,7 +4,7 @@ give for a result that failed. scripts/compare measures every boot through it, s
 never taken for a result (docs/compare.md). The traceback goes to stderr and to stdout (the
 measurement's log).
 
-    python3 launcher/compare/crash_guard.py TOOL.py [ARGS...]
+    python3 compare/crash_guard.py TOOL.py [ARGS...]
 
 Standard library only; it imports nothing of the tool's before running it.
 """

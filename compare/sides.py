@@ -10,10 +10,9 @@ import os
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from launcher import cli
 from launcher.plan.checks import Checked
+from launcher.plan.load import cluster_file, load as load_checked
 from launcher.plan.settings import Refused, resolve
 from recipekit import recipe
 from recipekit.recipe import Recipe
@@ -105,15 +104,14 @@ def load(role: str, text: str, environ: Mapping[str, str] | None = None,
     layered = {**environ, **assigned}
     lifted: list[str] = []
     if role == "candidate":
-        cluster_file = Path(layered.get("CLUSTER_ENV") or cli.ROOT / "cluster.env")
         try:
-            resolved = resolve(the_recipe, layered, cluster_file)
+            resolved = resolve(the_recipe, layered, cluster_file(layered))
         except Refused as refusal:
             raise Refused(f"refused: --{role}: {refusal.line.removeprefix('refused: ')}") from None
         lifted = _unsafe_gate_levers(the_recipe, resolved)
         layered.update({force: "1" for force in lifted})
     try:
-        checked = cli.load(layered, the_recipe=the_recipe)
+        checked = load_checked(layered, the_recipe=the_recipe)
     except Refused as refusal:
         raise Refused(f"refused: --{role}: {refusal.line.removeprefix('refused: ')}") from None
     return Side(role, text, assigned, checked, lifted)

@@ -18,11 +18,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.apply import serve
-from launcher.compare import boot as boots
-from launcher.compare import platform as compare_platform
-from launcher.compare import report, results, sides
-from launcher.compare.rundir import (
+from compare import boot as boots
+from compare import platform as compare_platform
+from compare import report, results, sides
+from compare.rundir import (
     BOOTS,
     Options,
     RunDir,
@@ -30,10 +29,11 @@ from launcher.compare.rundir import (
     check_same,
     reference_source,
 )
+from launcher import pipeline
+from launcher.plan.load import ROOT
 from launcher.plan.settings import Refused
 from launcher.plan.words import quote
 
-ROOT = Path(__file__).resolve().parents[2]
 PREFIX = "compare: "
 
 
@@ -225,14 +225,14 @@ def print_dry_run(reference: sides.Side, candidate: sides.Side, options: Options
     for index, boot in enumerate(BOOTS, 1):
         side = reference if BOOTS[boot][0] == "reference" else candidate
         print(f"# {PREFIX}boot {index} of {len(BOOTS)}, {boot}: {side.describe()}", flush=True)
-        serve.run(side.checked, ROOT)
+        pipeline.run(side.checked, ROOT)
         print(f"# {PREFIX}{boot}'s measurements against {side.url}")
         for measurement in boots.measurements(boot, side.url, options, placeholder,
                                               boots.key_file_of(side),
                                               side.values["MAX_NUM_SEQS"]):
             print(quote(list(measurement.argv)))
         print(f"# {PREFIX}stop {boot}", flush=True)
-        serve.stop(side.checked)
+        pipeline.stop(side.checked)
 
 
 def run_boots(run_dir: RunDir, reference: sides.Side, candidate: sides.Side,

@@ -7,10 +7,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from launcher.compare import platform as compare_platform
-from launcher.compare.boot import BENCH, minutes
-from launcher.compare.results import Verdict
-from launcher.compare.rundir import BOOTS, RunDir
+from compare import platform as compare_platform
+from compare.boot import BENCH, minutes
+from compare.results import Verdict
+from compare.rundir import BOOTS, RunDir
 
 PICTURE = "compare.png"
 REPORT = "report.md"
@@ -117,7 +117,7 @@ def integrity_table(summary: dict) -> list[str]:
 
 def platform_section(summary: dict) -> list[str]:
     """The platform of each boot (its bench's probe at start and end) and the read bandwidth
-    against the reference's A/A band (launcher/compare/platform.py)."""
+    against the reference's A/A band (compare/platform.py)."""
     found = summary.get("platform")
     if found is None:
         return []

@@ -22,7 +22,7 @@ Pure functions of the boots' bench documents.
 
 from __future__ import annotations
 
-from launcher.compare.rundir import BOOTS, REFERENCE_BOOTS
+from compare.rundir import BOOTS, REFERENCE_BOOTS
 
 WHEN = ("start", "end")
 

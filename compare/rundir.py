@@ -24,6 +24,7 @@ import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from launcher.plan.load import ROOT
 from launcher.plan.settings import Refused
 
 SCHEMA = "compare/1"
@@ -41,7 +42,6 @@ RECEIPTS = ("solo-vs-concurrent", "resumed-vs-fresh")
 INTEGRITY_PROBES = ("multibyte", "tool_cycles")
 PROBES_FILE = "probes.json"
 FINISHED = "finished"
-ROOT = Path(__file__).resolve().parents[2]
 # what a boot served (its record's `served`) -> the knobs that may make it differ between the
 # reference and the candidate; the two reference boots must agree in every one
 SERVED = {"image_id": ("IMAGE",), "recipe_commit": (),

@@ -1,4 +1,4 @@
-"""One boot of a comparison: the launcher's run (launcher/serve.py, settings resolved as
+"""One boot of a comparison: the launcher's run (launcher/pipeline.py, settings resolved as
 run.sh resolves them), then each measurement as its own bench/ command against the served
 API, then stop.sh's stop, always. A rank that dies while it is measured ends the boot: its
 logs are kept beside the boot's files, every rank is stopped, and the record says why.
@@ -24,10 +24,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from launcher.plan import plan
-from launcher.apply import serve
-from launcher.compare.crash_guard import CRASHED
-from launcher.compare.rundir import (
+from compare.crash_guard import CRASHED
+from compare.rundir import (
     BOOTS,
     FINISHED,
     INTEGRITY_PROBES,
@@ -40,10 +38,13 @@ from launcher.compare.rundir import (
     recipe_commit,
     served_conflicts,
 )
-from launcher.compare.sides import Side
+from compare.sides import Side
+from launcher import pipeline
+from launcher.apply import serve
+from launcher.plan import plan
+from launcher.plan.load import ROOT
 from launcher.plan.settings import Failed, Refused, RefusedAbove
 
-ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
 RANK_LOG_LINES = 200
 # the bench tools' own imports, checked before anything boots (matplotlib only draws the
@@ -328,7 +329,7 @@ class Boot:
             served: dict = {}
             try:
                 with own_signals():
-                    serve.run(self.side.checked, ROOT, served)
+                    pipeline.run(self.side.checked, ROOT, served)
             except (Failed, Refused, RefusedAbove) as failure:
                 line = getattr(failure, "line", None) or str(failure) or "refused (see above)"
                 raise BootEnded(f"the launcher did not bring it up: {line}") from None
@@ -386,7 +387,7 @@ class Boot:
         """stop.sh's stop; a failure to stop is said and recorded, never hidden."""
         interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
-            serve.stop(self.side.checked)
+            pipeline.stop(self.side.checked)
             self.record["stopped"] = True
         except Failed as failure:
             self.record["stopped"] = False
