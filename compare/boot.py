@@ -40,8 +40,9 @@ from compare.rundir import (
 )
 from compare.sides import Side
 from launcher import pipeline
-from launcher.apply import serve
-from launcher.plan import plan
+from launcher.apply.remote import Remote
+from launcher.plan import commands, plan
+from launcher.plan.data import rank_container
 from launcher.plan.load import ROOT
 from launcher.plan.settings import Failed, Refused, RefusedAbove
 
@@ -265,12 +266,12 @@ def minutes(seconds: float) -> str:
 
 def why_dead(side: Side) -> str | None:
     """What shows a boot is gone: a rank container not running, or /health not 200."""
-    nodes = serve.nodes_of(side.checked)
+    nodes = Remote.of(plan.nodes_of(side.checked))
     for index, node in enumerate(nodes.addresses):
-        status = nodes.output(index, plan.container_status_argv(index)) or "missing"
+        status = nodes.output(index, commands.container_status_argv(index)) or "missing"
         if status != "running":
-            return f"rank {index} ({plan.rank_container(index)} on {node}) is {status}"
-    probe = subprocess.run(plan.api_probe_argv(side.values["PORT"], "health"), check=False)
+            return f"rank {index} ({rank_container(index)} on {node}) is {status}"
+    probe = subprocess.run(commands.api_probe_argv(side.values["PORT"], "health"), check=False)
     if probe.returncode != 0:
         return f"{side.url}/health does not answer 200"
     return None
@@ -279,9 +280,9 @@ def why_dead(side: Side) -> str | None:
 def not_free(side: Side) -> str | None:
     """Why a boot may not start on SIDE's nodes (serve containers already running there, which
     a boot must neither boot over nor stop, or a node whose Docker does not answer), or None."""
-    nodes = serve.nodes_of(side.checked)
+    nodes = Remote.of(plan.nodes_of(side.checked))
     for index, node in enumerate(nodes.addresses):
-        names = nodes.output(index, plan.running_ranks_argv())
+        names = nodes.output(index, commands.running_ranks_argv())
         if names is None:
             return f"cannot reach Docker on {node}"
         if names.split():
@@ -290,9 +291,9 @@ def not_free(side: Side) -> str | None:
 
 
 def keep_rank_logs(side: Side, folder: Path) -> None:
-    nodes = serve.nodes_of(side.checked)
+    nodes = Remote.of(plan.nodes_of(side.checked))
     for index in range(len(nodes.addresses)):
-        container = plan.rank_container(index)
+        container = rank_container(index)
         with (folder / f"{container}.log").open("w") as log:
             subprocess.run(nodes.argv(index, ["docker", "logs", "--tail", str(RANK_LOG_LINES),
                                               container]),

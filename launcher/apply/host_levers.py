@@ -1,16 +1,15 @@
 """The host levers run.sh pulls on every node before the ranks start, and their undoing.
 
 GPU_CLOCK_MHZ locks the GPU clocks (nvidia-smi in a privileged throwaway container of IMAGE,
-given the GPU by DOCKER_ARGS); COMPACT_MEMORY compacts the host's free memory (a privileged
-throwaway container writes 1 to /proc/sys/vm/compact_memory), with the platform probe's read
-bandwidth printed before and after. Both go through Docker, which the docker group run.sh
-needs already makes root-equivalent: no node is asked for sudo.
+given the GPU by DOCKER_ARGS); COMPACT_MEMORY compacts the host's free memory (serve.py runs
+it between two platform probes). Both go through Docker, which the docker group run.sh needs
+already makes root-equivalent: no node is asked for sudo. The commands are the plan's.
 
-A lock outlives run.sh, so it is written down first: each node goes into RECORD under
-RUNS_DIR before its lock is asked for, with the image and DOCKER_ARGS that can reset it.
-./stop.sh resets every node the record lists and removes each from it once reset; so does a
-start that fails (serve.py), and a record a crash left behind is still read by the next
-./stop.sh.
+A lock outlives run.sh, so it is written down first (launcher/plan/clock_record.py): each
+node goes into the record under RUNS_DIR before its lock is asked for. ./stop.sh resets
+every node the record lists and removes each from it once reset; so does a start that fails
+(serve.py) with the nodes it locked, and a record a crash left behind is still read by the
+next ./stop.sh.
 """
 
 from __future__ import annotations
@@ -18,37 +17,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from pathlib import Path
 
-from launcher.plan import plan
-from launcher.apply.remote import Nodes
+from launcher.apply.remote import Remote
+from launcher.plan.clock_record import SCHEMA, entry, read_record, record_path
+from launcher.plan.data import ClockReset
 from launcher.plan.settings import Failed
-from launcher.plan.words import quote
-
-RECORD = "gpu-clocks.json"
-SCHEMA = "glm53-gpu-clocks/1"
-
-
-def record_path(runs_dir: str) -> Path:
-    return Path(runs_dir) / RECORD
-
-
-def read_record(runs_dir: str) -> dict:
-    """The nodes whose clocks a run locked (address -> entry); {} when none is recorded. A
-    record that cannot be read is a failure: a lock it may hold must not be forgotten."""
-    path = record_path(runs_dir)
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as error:
-        raise Failed(f"cannot read {path} (the GPU clocks run.sh locked): {error}; reset them "
-                     "by hand (nvidia-smi --reset-gpu-clocks on each node) and remove it")
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or not isinstance(
-            doc.get("nodes"), dict):
-        raise Failed(f"{path} is not a record of locked GPU clocks ({SCHEMA}); reset them by "
-                     "hand (nvidia-smi --reset-gpu-clocks on each node) and remove it")
-    return doc["nodes"]
 
 
 def write_record(runs_dir: str, nodes: dict) -> None:
@@ -63,60 +36,46 @@ def write_record(runs_dir: str, nodes: dict) -> None:
     os.replace(partial, path)
 
 
-def entry_argv(ssh: list[str], address: str, entry: dict, argv: list[str]) -> list[str]:
-    """ARGV on the node ENTRY was recorded for: the head locally, a worker through SSH."""
-    return list(argv) if entry.get("head") else [*ssh, address, quote(argv)]
+def _why(done: subprocess.CompletedProcess) -> str:
+    return ((done.stderr or done.stdout).strip().splitlines()[-1:] or
+            [f"exit {done.returncode}"])[0]
 
 
-def reset_argv(entry: dict) -> list[str]:
-    return plan.reset_clocks_argv(entry["image"], list(entry["docker_args"]))
-
-
-def describe_record(nodes: dict) -> str:
-    if not nodes:
-        return "GPU clocks: none locked by run.sh (no record)"
-    return "GPU clocks locked by run.sh: " + ", ".join(
-        f"{address} at {entry['mhz']} MHz" for address, entry in nodes.items())
-
-
-def lock(nodes: Nodes, runs_dir: str, image: str, docker_args: list[str], mhz: str,
-         argv: list[str], say) -> None:
-    """Every node's clocks locked by ARGV, each recorded before it is asked; a failure is
-    Failed naming the node (what was locked stays recorded for the reset)."""
-    for index, address in enumerate(nodes.addresses):
+def lock(nodes: Remote, runs_dir: str, image: str, docker_args: list[str], mhz: str,
+         commands, say) -> None:
+    """Every node's clocks locked by its command of COMMANDS (head first) at MHZ, each node
+    recorded before it is asked; a failure is Failed naming the node (what was locked stays
+    recorded for the reset)."""
+    for index, (address, argv) in enumerate(zip(nodes.addresses, commands)):
         recorded = read_record(runs_dir)
-        recorded[address] = {"head": index == 0, "mhz": plan.clock_range(mhz), "image": image,
-                             "docker_args": list(docker_args)}
+        recorded[address] = entry(index == 0, mhz, image, docker_args)
         write_record(runs_dir, recorded)
         done = subprocess.run(nodes.argv(index, argv), stdin=subprocess.DEVNULL,
                               capture_output=True, text=True, check=False)
         if done.returncode != 0:
-            why = (done.stderr or done.stdout).strip().splitlines()[-1:] or [
-                f"exit {done.returncode}"]
-            raise Failed(f"locking the GPU clocks at {plan.clock_range(mhz)} MHz failed on "
-                         f"{nodes.label(index)} ({why[0]}); set GPU_CLOCK_MHZ empty to start "
-                         "without the lock")
-        say(f"GPU clocks on {nodes.label(index)}: locked at {plan.clock_range(mhz)} MHz "
+            raise Failed(f"locking the GPU clocks at {mhz} MHz failed on {nodes.label(index)} "
+                         f"({_why(done)}); set GPU_CLOCK_MHZ empty to start without the lock")
+        say(f"GPU clocks on {nodes.label(index)}: locked at {mhz} MHz "
             f"(recorded in {record_path(runs_dir)}; ./stop.sh resets them)")
 
 
-def reset(ssh: list[str], runs_dir: str, say, warn) -> int:
-    """Every recorded node's clocks reset; each reset node leaves the record. Returns how many
-    could not be reset (they stay recorded for the next ./stop.sh)."""
-    recorded = read_record(runs_dir)
+def reset(resets: tuple[ClockReset, ...], runs_dir: str, say, warn) -> int:
+    """Each of RESETS run whose node the record still lists; each node reset leaves the
+    record. Returns how many could not be reset (they stay recorded for the next
+    ./stop.sh)."""
     failures = 0
-    for address, entry in list(recorded.items()):
-        done = subprocess.run(entry_argv(ssh, address, entry, reset_argv(entry)),
-                              stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                              check=False)
+    for clock in resets:
+        if clock.address not in read_record(runs_dir):
+            continue
+        done = subprocess.run(list(clock.argv), stdin=subprocess.DEVNULL, capture_output=True,
+                              text=True, check=False)
         if done.returncode != 0:
-            why = (done.stderr or done.stdout).strip().splitlines()[-1:] or [
-                f"exit {done.returncode}"]
-            warn(f"could not reset the GPU clocks on {address} ({why[0]}); they stay recorded "
-                 f"in {record_path(runs_dir)} for the next ./stop.sh")
+            warn(f"could not reset the GPU clocks on {clock.address} ({_why(done)}); they stay "
+                 f"recorded in {record_path(runs_dir)} for the next ./stop.sh")
             failures += 1
             continue
-        del recorded[address]
+        recorded = read_record(runs_dir)
+        recorded.pop(clock.address, None)
         write_record(runs_dir, recorded)
-        say(f"GPU clocks on {address}: reset (were locked at {entry['mhz']} MHz)")
+        say(f"GPU clocks on {clock.address}: reset (were locked at {clock.mhz} MHz)")
     return failures

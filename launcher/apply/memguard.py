@@ -1,8 +1,9 @@
 """The unified-memory guard. While run.sh waits for readiness, every node's MemAvailable is
 sampled MEM_SAMPLES_PER_SECOND times a second over SSH and the boot phase is read from the
 rank logs; a node under its phase's floor stops every rank at once (containers and logs
-kept). Each node has one sampler (one ssh running a POSIX-shell loop, generated here) and
-one reader thread on the head, so the readiness loop is never held up by them.
+kept). Each node has one sampler (the plan's: one ssh running the POSIX-shell loop of
+launcher/plan/memory_phases.py) and one reader thread on the head, so the readiness loop is
+never held up by them.
 """
 
 from __future__ import annotations
@@ -15,14 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-PHASES = ("load", "profile", "kv_ready", "serving")
-# vLLM's own log lines that end a phase (vLLM 0.30.0's workers and engine core, uvicorn):
-# weights loaded -> profile; KV cache sized (profiled, or pinned by --kv-cache-memory-bytes)
-# -> kv_ready; API up -> serving.
-MARKER_PHASE = {"Model loading took": 1, "Available KV cache memory": 2,
-                "KV Cache as specified by kv_cache_memory_bytes": 2, "KV cache size: ": 2,
-                "Application startup complete": 3}
-PHASE_MARKER_RE = "|".join(MARKER_PHASE)
+from launcher.plan.memory_phases import FLOOR_KNOBS, MARKER_PHASE, PHASES
+
 CSV_HEADER = "time_unix,elapsed_s,node,phase,mem_available_bytes,floor_bytes"
 GIB = 1073741824
 # A sampler silent this long is lost: a remote child can keep the pipe open after the
@@ -30,41 +25,6 @@ GIB = 1073741824
 SILENCE_SECONDS = 10
 # How long stopping waits for a sampler to end on its TERM before it is killed.
 STOP_GRACE_SECONDS = 2
-FLOOR_KNOBS = ("MEM_FLOOR_LOAD_GIB", "MEM_FLOOR_PROFILE_GIB", "MEM_FLOOR_KV_READY_GIB",
-               "MEM_FLOOR_SERVING_GIB")
-
-# The remote side, POSIX sh, run as: sh -c SCRIPT memory-sampler CONTAINER MARKER_RE INTERVAL.
-# Prints "mem <kB>" every INTERVAL seconds and each phase marker as the rank logs it. The
-# log is followed through a FIFO so that its PID is known and killed on the way out; the
-# loop ends (and the follower with it) once the head stops reading. Test seam:
-# GLM53_MEMINFO names a file read instead of /proc/meminfo. One line, so that DRY_RUN
-# prints it as one command.
-_SAMPLER_STATEMENTS = (
-    'meminfo=${GLM53_MEMINFO:-/proc/meminfo}',
-    'work=$(mktemp -d) || exit 1',
-    'follower=',
-    """trap 'kill "$follower" 2>/dev/null; rm -rf "$work"' EXIT""",
-    "trap 'exit 0' HUP INT TERM",
-    'mkfifo "$work/log" || exit 1',
-    'docker logs --follow "$1" >"$work/log" 2>&1 &',
-    'follower=$!',
-    'grep --line-buffered -o -E "$2" <"$work/log" &',
-    "while awk '/^MemAvailable:/ { print \"mem\", $2; found = 1; exit } END { exit !found }' "
-    '"$meminfo"; do sleep "$3"; done',
-)
-# A statement sent to the background ends in & already; the others need a ;.
-SAMPLER_SCRIPT = " ".join(s if s.endswith("&") else s + ";" for s in _SAMPLER_STATEMENTS)[:-1]
-
-
-def interval(samples_per_second: str) -> str:
-    """Seconds between samples as a decimal (4 a second -> 0.250)."""
-    ms = 1000 // int(samples_per_second)
-    return f"{ms // 1000}.{ms % 1000:03d}"
-
-
-def sampler_argv(container: str, samples_per_second: str) -> list[str]:
-    return ["sh", "-c", SAMPLER_SCRIPT, "memory-sampler", container, PHASE_MARKER_RE,
-            interval(samples_per_second)]
 
 
 def gib(count: int) -> str:
@@ -98,13 +58,13 @@ class MemoryGuard:
         self._threads: list[threading.Thread] = []
         self._start_us = 0
 
-    def start(self, rank_containers: list[str]) -> None:
+    def start(self, samplers) -> None:
+        """SAMPLERS: each node's sampler command, head first (the plan's)."""
         with self.csv_path.open("w") as handle:
             handle.write(CSV_HEADER + "\n")
         self._start_us = time.time_ns() // 1000
-        for index, container in enumerate(rank_containers):
-            argv = self.nodes.argv(index, sampler_argv(container,
-                                                       self.settings["MEM_SAMPLES_PER_SECOND"]))
+        for index, sampler in enumerate(samplers):
+            argv = self.nodes.argv(index, sampler)
             process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                        stderr=subprocess.DEVNULL)
             node = _Node(index, self.nodes.addresses[index], process)

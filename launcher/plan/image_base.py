@@ -15,7 +15,6 @@ import json
 import re
 from dataclasses import dataclass
 
-from launcher.apply.remote import Nodes
 from launcher.plan.settings import Refused, refusal
 from recipekit import image_labels, sm121_packages
 
@@ -54,10 +53,6 @@ PACKAGES_LABEL = image_labels.PACKAGES
 # MOE_BACKEND's value that needs a package of its own in the image: v8 installs b12x where
 # the base's vLLM names it (patches/v8/packages-vllm-*.txt), and the label lists it.
 B12X = "b12x"
-
-
-def labels_argv(image: str) -> list[str]:
-    return ["docker", "image", "inspect", "--format", LABELS_FORMAT, image]
 
 
 def parse(text: str | None) -> ImageBase:
@@ -99,11 +94,6 @@ def b12x_refusal(image: str, base: ImageBase, moe_backend: str, forced: bool) ->
                 f"{sm121_packages.b12x_bases()}; the vendor fork's vLLM has no b12x backend)")
     return refusal("MOE_BACKEND", moe_backend, f"IMAGE={image} {said}; accepted: marlin, an IMAGE "
                    "the chain built on such a base, or FORCE_UNSAFE_MOE=1 to pass it as asked")
-
-
-def read(nodes: Nodes, image: str) -> ImageBase:
-    """IMAGE's labels on the head."""
-    return parse(nodes.output(0, labels_argv(image)))
 
 
 # A PEP 440 version as vLLM's are written: release, pre-release, post, dev, local part.

@@ -47,8 +47,6 @@ def require_known(repo: str, commit: str, prefix: str, found_by: str, then: str)
                       f"unasked; accepted: {then}, or MODEL_REVISION={commit} to serve it")
 
 
-def record(pins_file: str, repo: str, commit: str) -> None:
-    path = Path(pins_file)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as handle:
-        handle.write(f"{repo} {commit}\n")
+def line(repo: str, commit: str) -> str:
+    """PINS_FILE's line recording COMMIT for REPO (launcher/apply/serve.py appends it)."""
+    return f"{repo} {commit}\n"

@@ -1,7 +1,9 @@
-"""A run as data, built once from its checked settings: the pins, each rank's container
-(mounts, environment, `vllm serve` argv), the one-off tool containers, the image build and
-the probes. The steps arrange it in run order (launcher/steps.py; DRY_RUN prints them) and
-serving carries it out (launcher/serve.py); neither calls back here with the settings.
+"""A run as data, built once from its checked settings before anything runs (launcher/
+apply/ carries it out; DRY_RUN prints it): the pins, every node's commands in run order (the
+checks, the image, the drafter, the host levers, its rank's `docker run` with its mounts,
+environment and `vllm serve` argv, the memory guard, the readiness wait), the head's own (the
+build, the scans, the pin look-ups, the self-check), and stop.sh's. The types are
+launcher/plan/data.py's, the tool commands' words launcher/plan/commands.py's.
 
 Order follows the seed's command; recipe.toml says which knob drives which flag and
 variable. A knob this module does not build (not in BUILT_HERE) is passed as is: its one
@@ -12,35 +14,76 @@ every rank (a flag-typed knob: the flag alone, or NAME=1, when 1; nothing when 0
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+import shutil
 from pathlib import Path
+from types import MappingProxyType
 
-from launcher import apikey
-from launcher.plan import image_base, pins
+from launcher.plan import apikey, clock_record, gpus, node_platform, pins
 from launcher.plan.checks import Checked, image_switches
-from launcher.plan.drafter import cksum
-from launcher.apply.remote import Nodes
-from launcher.plan.settings import profile_default
+from launcher.plan.commands import (
+    GPU_LIST,
+    READY_PATHS,
+    api_probe_argv,
+    build_argv,
+    clock_range,
+    compact_memory_argv,
+    container_status_argv,
+    extra_args_argv,
+    extra_args_shown_argv,
+    fetch_snapshot_argv,
+    host_scan_argv,
+    hub_options,
+    image_id_argv,
+    image_size_argv,
+    kill_argv,
+    labels_argv,
+    load_argv,
+    local_dir_options,
+    lock_clocks_argv,
+    log_argv,
+    log_tail_argv,
+    make_dir_argv,
+    memory_facts_argv,
+    memory_sampler_argv,
+    meter_argv,
+    prepare_drafter_argv,
+    probe_in_image_argv,
+    readable_argv,
+    remove_containers_argv,
+    reset_clocks_argv,
+    resolve_revision_argv,
+    running_ranks_argv,
+    save_argv,
+    scan_checkpoint_argv,
+    self_check_argv,
+    serve_containers_argv,
+)
+from launcher.plan.data import (
+    API_KEY_ENV_FILE,
+    DRAFTER_PIN,
+    IMAGE_BYTES,
+    MODEL_PIN,
+    NO_COMMAND,
+    SERVE_LABEL,
+    ClockReset,
+    Launch,
+    NodePlan,
+    Plan,
+    RankPlan,
+    StartupLine,
+    StopPlan,
+    Stream,
+    rank_container,
+)
+from launcher.plan.nodes import Nodes
+from launcher.plan.settings import Failed, profile_default
+from launcher.plan.words import quote
 from recipekit import baselock, recipe
 
 # The base images the host trusted (recipekit/baselock.py), beside the recipe run.sh reads.
 LOCK_FILE = baselock.lock_path(recipe.RECIPE_PATH)
-
-SERVE_LABEL = "glm53.launcher=serve"
-TOOL_LABEL = "glm53.launcher=tool"
-UNPINNED = "<resolved-at-run>"
-IMAGE_ID_UNKNOWN = "<image-id>"
-CONTAINER_HF_HOME = "/root/.cache/huggingface"
 # Where a rank sees its node's JIT cache directory (JIT_CACHE/<image id> on the host).
 CONTAINER_JIT_DIR = "/var/cache/glm53-jit"
-CONTAINER_TOKEN_PATH = "/run/secrets/hf_token"
-IN_IMAGE_PREPARE_DRAFTER = "/opt/glm53-recipe/scripts/prepare-drafter"
-IN_IMAGE_SCAN_CHECKPOINT = "/opt/glm53-recipe/scripts/scan-checkpoint"
-RESOLVE_CODE = ("import sys; from huggingface_hub import HfApi; "
-                "print(HfApi().model_info(sys.argv[1]).sha)")
-FETCH_CODE = ("import sys; from huggingface_hub import snapshot_download; "
-              "print(snapshot_download(sys.argv[1], revision=sys.argv[2]))")
 # Each engine's JIT cache variable (JIT_CACHE's `env` in recipe.toml) and its directory
 # under CONTAINER_JIT_DIR (names checked in vLLM 0.30.0, flashinfer-python 0.6.18, triton
 # 3.7, tilelang 0.1.12, torch 2.13; CUDA_CACHE_PATH is the CUDA driver's PTX JIT cache).
@@ -60,96 +103,13 @@ BUILT_HERE = frozenset({
 })
 
 
-def rank_container(rank: int) -> str:
-    return f"glm53-rank{rank}"
+def nodes_of(checked: Checked) -> Nodes:
+    return Nodes(tuple(checked.nodes), tuple(checked.words["SSH"]))
 
 
-@dataclass(frozen=True)
-class RankPlan:
-    """One rank: where it runs and the `docker run` that starts it, as data."""
-    rank: int
-    node: str
-    container: str
-    docker_options: tuple[str, ...]
-    # ("--mount", spec) and ("--env", "NAME=VALUE") pairs, in `docker run` order.
-    options: tuple[tuple[str, str], ...]
-    image: str
-    serve: tuple[str, ...]
-
-    @property
-    def env(self) -> dict[str, str]:
-        return dict(value.split("=", 1) for kind, value in self.options if kind == "--env")
-
-    @property
-    def mounts(self) -> list[str]:
-        return [value for kind, value in self.options if kind == "--mount"]
-
-    def docker_argv(self) -> list[str]:
-        argv = ["docker", "run", "--detach", "--name", self.container, "--label", SERVE_LABEL,
-                "--label", f"glm53.rank={self.rank}", *self.docker_options]
-        for kind, value in self.options:
-            argv += [kind, value]
-        return argv + ["--entrypoint", "vllm", self.image, *self.serve]
-
-
-@dataclass(frozen=True)
-class Launch:
-    """A run's settings with its pins settled and, once known, the image ID and what its
-    labels say of its base (launcher/image_base.py)."""
-    checked: Checked
-    nodes: Nodes
-    model_pin: str
-    drafter_pin: str
-    image_id: str = IMAGE_ID_UNKNOWN
-    base: image_base.ImageBase = image_base.UNKNOWN
-
-    @property
-    def recipe(self):
-        return self.checked.recipe
-
-    def __getitem__(self, name: str) -> str:
-        return self.checked[name]
-
-    @property
-    def dflash2(self) -> bool:
-        return self["SPEC"] == "dflash2"
-
-    @property
-    def local_model(self) -> bool:
-        return self["MODEL"].startswith("/")
-
-    @property
-    def draft_snapshot(self) -> str:
-        drafter = self.checked.drafter
-        if drafter.local:
-            return drafter.setting
-        return (f"{CONTAINER_HF_HOME}/hub/models--{drafter.repo_id.replace('/', '--')}/"
-                f"snapshots/{self.drafter_pin}")
-
-    @property
-    def draft_dir(self) -> str:
-        drafter = self.checked.drafter
-        if drafter.local:
-            return f"{CONTAINER_HF_HOME}/glm53-drafters/local-{cksum(drafter.setting.encode())}"
-        return f"{CONTAINER_HF_HOME}/glm53-drafters/{drafter.setting}-{self.drafter_pin}"
-
-    @property
-    def jit_dir(self) -> str:
-        return jit_cache_dir(self["JIT_CACHE"], self.image_id)
-
-
-def jit_cache_dir(jit_cache: str, image_id: str) -> str:
-    """A run's JIT cache on every node: JIT_CACHE keyed by the image ID, so a new image
-    starts a new directory and an old one is never fed kernels it did not build."""
-    return f"{jit_cache}/{image_id.removeprefix('sha256:')}"
-
-
-def settle(checked: Checked, nodes: Nodes, resolved: Mapping[str, str] | None = None,
-           image_id: str = IMAGE_ID_UNKNOWN,
-           base: image_base.ImageBase = image_base.UNKNOWN) -> Launch:
+def settle(checked: Checked, nodes: Nodes) -> Launch:
     """The launch with its model and drafter pins: the knob's, the known pin or PINS_FILE's,
-    else what this run RESOLVED (repo -> commit), else the DRY_RUN placeholder."""
-    resolved = resolved or {}
+    else a hole the run fills once it has resolved it (DRY_RUN prints the hole)."""
     model_pin, drafter_pin = "", ""
     model = checked["MODEL"]
     if not model.startswith("/"):
@@ -159,7 +119,7 @@ def settle(checked: Checked, nodes: Nodes, resolved: Mapping[str, str] | None = 
             pins.require_known(model, recorded, checked.recipe.checkpoints[model].revision_prefix,
                                f"{checked['PINS_FILE']} records",
                                "delete that line to resolve it again")
-        model_pin = given or recorded or resolved.get(model) or UNPINNED
+        model_pin = given or recorded or MODEL_PIN
     drafter = checked.drafter
     if checked["SPEC"] == "dflash2":
         if drafter.local:
@@ -167,61 +127,124 @@ def settle(checked: Checked, nodes: Nodes, resolved: Mapping[str, str] | None = 
         else:
             drafter_pin = (pins.known(checked["PINS_FILE"], drafter.repo_id,
                                       checked["DRAFTER_REVISION"], drafter.catalog_revision)
-                           or resolved.get(drafter.repo_id) or UNPINNED)
-    return Launch(checked, nodes, model_pin, drafter_pin, image_id, base)
+                           or DRAFTER_PIN)
+    return Launch(checked, nodes, model_pin, drafter_pin)
 
 
-@dataclass(frozen=True)
-class Plan:
-    """Every command of one run that its settings decide, built once (serving builds it again
-    when the run has found the image ID and resolved the pins)."""
-    launch: Launch
-    root: Path  # the checkout run.sh runs from: scripts/build.sh, launcher/count_bytes.py
-    # With the drafter phrase DRY_RUN knows (the catalog's); a real run prints prepare-drafter's.
-    startup_line: str
-    chain_image: str
-    build: list[str]
-    # repo -> the Hub look-up of its commit, for each pin not known yet, the model first.
-    resolve: dict[str, list[str]]
-    fetch_snapshot: list[str]
-    prepare_drafter: list[str]
-    # The scan of a local MODEL on the head (CHECKPOINT_SCAN), or [] when there is none.
-    scan_checkpoint: list[str]
-    ranks: list[RankPlan]
-    # Every node's host levers before the ranks start ([] when off): the GPU clock lock
-    # (GPU_CLOCK_MHZ), the memory compaction (COMPACT_MEMORY) and the platform probe in a
-    # container of IMAGE that reads the bandwidth around it (launcher/host_levers.py).
-    lock_clocks: list[str] = field(default_factory=list)
-    compact_memory: list[str] = field(default_factory=list)
-    probe: list[str] = field(default_factory=list)
-
-
-def build(checked: Checked, nodes: Nodes, root: Path, resolved: Mapping[str, str] | None = None,
-          image_id: str = IMAGE_ID_UNKNOWN,
-          base: image_base.ImageBase = image_base.UNKNOWN) -> Plan:
-    """The run's plan; RESOLVED, IMAGE_ID and BASE (the image's labels) are what a real run
-    found out (DRY_RUN: none)."""
-    launch = settle(checked, nodes, resolved, image_id, base)
-    drafter = checked.drafter
-    repos = [(launch.model_pin, launch["MODEL"]), (launch.drafter_pin, drafter.repo_id)]
-    hub_drafter = launch.dflash2 and not drafter.local
+def build(checked: Checked, nodes: Nodes, root: Path) -> Plan:
+    """The run's plan: every command of every node, before any of them runs."""
+    launch = settle(checked, nodes)
+    words = checked.words
+    image, docker_args = launch["IMAGE"], words["DOCKER_ARGS"]
+    holes = [(launch.model_pin, MODEL_PIN, launch["MODEL"]),
+             (launch.drafter_pin, DRAFTER_PIN, checked.drafter.repo_id)]
+    scans = scans_checkpoint(launch)
+    mhz = launch["GPU_CLOCK_MHZ"]
+    keyed = apikey.keyed(checked)
     return Plan(
         launch=launch, root=root,
-        startup_line=startup_line(launch, drafter.phrase),
+        nodes=tuple(node_plan(launch, root, index) for index in range(len(nodes.addresses))),
+        startup=startup_line(launch),
         chain_image=chain_image(launch),
-        build=build_argv(root, launch),
-        resolve={repo: resolve_revision_argv(launch, repo) for pin, repo in repos
-                 if pin == UNPINNED},
-        fetch_snapshot=fetch_snapshot_argv(launch) if hub_drafter else [],
-        prepare_drafter=prepare_drafter_argv(launch) if launch.dflash2 else [],
-        scan_checkpoint=scan_checkpoint_argv(launch) if scans_checkpoint(launch) else [],
-        ranks=rank_plans(launch),
-        lock_clocks=lock_clocks_argv(launch["IMAGE"], launch.checked.words["DOCKER_ARGS"],
-                                     launch["GPU_CLOCK_MHZ"]) if launch["GPU_CLOCK_MHZ"] else [],
-        compact_memory=compact_memory_argv(launch["IMAGE"])
-        if launch["COMPACT_MEMORY"] == "1" else [],
-        probe=probe_in_image_argv(launch["IMAGE"], launch.checked.words["DOCKER_ARGS"])
-        if launch["COMPACT_MEMORY"] == "1" else [])
+        base_lock=LOCK_FILE,
+        base_image_id=tuple(image_id_argv(launch["BASE_IMAGE"])),
+        build=tuple(build_argv(root, launch["BASE_IMAGE"], chain_layer(launch),
+                               launch["BASE_LOCK"])),
+        image_labels=tuple(labels_argv(image)),
+        extra_args_parse=tuple(extra_args_argv(image, words["EXTRA_ARGS"]))
+        if words["EXTRA_ARGS"] else NO_COMMAND,
+        extra_args_shown=tuple(extra_args_shown_argv(image, words["EXTRA_ARGS"]))
+        if words["EXTRA_ARGS"] else NO_COMMAND,
+        scan_checkpoint=tuple(scan_checkpoint_argv(launch)) if scans else NO_COMMAND,
+        host_scan=tuple(host_scan_argv(root, launch["MODEL"])) if scans else NO_COMMAND,
+        resolve=MappingProxyType({repo: tuple(resolve_revision_argv(launch, repo))
+                                  for pin, hole, repo in holes if pin == hole}),
+        ranks_per_node=gpus.ranks_per_node(launch["TP"], len(nodes.addresses)),
+        clock_range=clock_range(mhz) if mhz else "",
+        clock_record=clock_record.record_path(launch["RUNS_DIR"]),
+        clock_resets=tuple(
+            ClockReset(address, clock_range(mhz),
+                       tuple(nodes.argv(index, reset_clocks_argv(image, docker_args))))
+            for index, address in enumerate(nodes.addresses)) if mhz else (),
+        probe_script=node_platform.PROBE,
+        ready_probe=tuple(api_probe_argv(launch["PORT"], launch["READY_CHECK"], keyed)),
+        ready_path=READY_PATHS[launch["READY_CHECK"]],
+        self_check=tuple(self_check_argv(root, launch["PORT"],
+                                         launch["API_KEY_FILE"] if keyed else None))
+        if launch["SELF_CHECK"] == "1" else NO_COMMAND)
+
+
+def node_plan(launch: Launch, root: Path, index: int) -> NodePlan:
+    """Every command of node INDEX, in run order."""
+    address, image = launch.nodes.addresses[index], launch["IMAGE"]
+    docker_args = launch.checked.words["DOCKER_ARGS"]
+    mhz, compact = launch["GPU_CLOCK_MHZ"], launch["COMPACT_MEMORY"] == "1"
+    token = launch["HF_TOKEN_FILE"]
+    hub_drafter = launch.dflash2 and not launch.checked.drafter.local
+    stream = None
+    if index > 0:
+        meter = meter_argv(f"{image} to {address}", IMAGE_BYTES, shutil.which("pv") is not None,
+                           root / "launcher")
+        stream = Stream(size=tuple(image_size_argv(image)), save=tuple(save_argv(image)),
+                        meter=tuple(meter), load=tuple(load_argv()))
+
+    def when(condition, argv) -> tuple[str, ...]:
+        return tuple(argv) if condition else NO_COMMAND
+
+    return NodePlan(
+        index=index, address=address,
+        running=tuple(running_ranks_argv()),
+        serve_containers=tuple(serve_containers_argv()),
+        remove_containers=tuple(remove_containers_argv()),
+        count_gpus=when(gpus.ranks_per_node(launch["TP"], len(launch.nodes.addresses)) > 1,
+                        GPU_LIST),
+        make_hf_cache=tuple(make_dir_argv(launch["HF_CACHE"])),
+        read_token=when(token, readable_argv(token)),
+        memory_facts=when(launch["MEM_PREFLIGHT"] == "1", memory_facts_argv()),
+        image_id=tuple(image_id_argv(image)),
+        stream=stream,
+        make_jit_cache=when(launch["JIT_CACHE"], make_dir_argv(launch.jit_dir)),
+        fetch_drafter=when(hub_drafter, fetch_snapshot_argv(launch)),
+        prepare_drafter=when(launch.dflash2, prepare_drafter_argv(launch)),
+        lock_clocks=when(mhz, lock_clocks_argv(image, docker_args, mhz)),
+        reset_clocks=when(mhz, reset_clocks_argv(image, docker_args)),
+        probe=when(compact, probe_in_image_argv(image, docker_args)),
+        compact_memory=when(compact, compact_memory_argv(image)),
+        rank=rank_plan(launch, index),
+        memory_sampler=when(launch["MEM_GUARD"] == "1", memory_sampler_argv(
+            rank_container(index), launch["MEM_SAMPLES_PER_SECOND"])),
+        rank_status=tuple(container_status_argv(index)),
+        rank_log_tail=tuple(log_tail_argv(index)),
+        kill_rank=tuple(kill_argv(index)),
+        rank_log=tuple(log_argv(index)))
+
+
+def scans_checkpoint(launch: Launch) -> bool:
+    """A local MODEL is scanned before the ranks start (a Hub one has no snapshot here yet)."""
+    return launch.local_model and launch["CHECKPOINT_SCAN"] != "off"
+
+
+def stop_plan(checked: Checked) -> StopPlan:
+    """stop.sh's plan: every node's serve containers, and a reset of every node the GPU clock
+    record lists, each from where the record says it runs (a record that cannot be read is
+    said once the containers are gone)."""
+    nodes = nodes_of(checked)
+    try:
+        recorded, problem = clock_record.read_record(checked["RUNS_DIR"]), ""
+    except Failed as failed:
+        recorded, problem = {}, str(failed)
+    resets = tuple(ClockReset(address, entry["mhz"], tuple(entry_argv(
+        nodes.ssh, address, entry, reset_clocks_argv(entry["image"], entry["docker_args"]))))
+        for address, entry in recorded.items())
+    return StopPlan(nodes, tuple(serve_containers_argv()), tuple(remove_containers_argv()),
+                    checked["RUNS_DIR"], clock_record.record_path(checked["RUNS_DIR"]), resets,
+                    problem)
+
+
+def entry_argv(ssh, address: str, entry: dict, argv: list[str]) -> list[str]:
+    """ARGV on the node a clock record's ENTRY was recorded for: the head locally, a worker
+    through SSH."""
+    return list(argv) if entry.get("head") else [*ssh, address, quote(argv)]
 
 
 # ----------------------------------------------------------------------------- speculation
@@ -317,30 +340,6 @@ def serve_argv(launch: Launch, rank: int) -> list[str]:
     return argv + launch.checked.words["EXTRA_ARGS"]
 
 
-def hub_options(launch: Launch) -> list[tuple[str, str]]:
-    """The HF cache and the token as a read-only file (its path, never its value, is in the
-    environment): what every container of a run gets."""
-    options = [("--mount", f"type=bind,src={launch['HF_CACHE']},dst={CONTAINER_HF_HOME}"),
-               ("--env", f"HF_HOME={CONTAINER_HF_HOME}")]
-    if launch["HF_TOKEN_FILE"]:
-        options += [("--mount", f"type=bind,src={launch['HF_TOKEN_FILE']},"
-                                f"dst={CONTAINER_TOKEN_PATH},readonly"),
-                    ("--env", f"HF_TOKEN_PATH={CONTAINER_TOKEN_PATH}")]
-    return options
-
-
-def local_dir_options(launch: Launch) -> list[tuple[str, str]]:
-    """Local model and drafter directories appear at the same path inside the container."""
-    options = []
-    if launch.local_model:
-        model = launch["MODEL"]
-        options.append(("--mount", f"type=bind,src={model},dst={model},readonly"))
-    if launch.dflash2 and launch.checked.drafter.local:
-        drafter = launch["DRAFTER"]
-        options.append(("--mount", f"type=bind,src={drafter},dst={drafter},readonly"))
-    return options
-
-
 def _env(name: str, value: str) -> tuple[str, str]:
     return ("--env", f"{name}={value}")
 
@@ -386,171 +385,25 @@ def rank_options(launch: Launch, rank: int) -> list[tuple[str, str]]:
             options.append(_env(name, entry.value))
     options += [("--env", word) for word in launch.checked.words["EXTRA_ENV"]]
     if rank == 0 and apikey.keyed(launch.checked):
-        # VLLM_API_KEY from a 0600 file written just before `docker run` (launcher/apikey.py)
-        options.append(("--env-file", apikey.ENV_FILE_PLACEHOLDER))
+        # VLLM_API_KEY from a 0600 file written just before `docker run`
+        # (launcher/apply/api_key_file.py)
+        options.append(("--env-file", API_KEY_ENV_FILE))
     return options
 
 
 def rank_plan(launch: Launch, rank: int) -> RankPlan:
-    return RankPlan(rank=rank, node=launch.nodes.addresses[rank], container=rank_container(rank),
-                    docker_options=(*launch.recipe.docker_options,
-                                    *launch.checked.words["DOCKER_ARGS"]),
-                    options=tuple(rank_options(launch, rank)), image=launch["IMAGE"],
-                    serve=tuple(serve_argv(launch, rank)))
-
-
-def rank_plans(launch: Launch) -> list[RankPlan]:
-    return [rank_plan(launch, rank) for rank in range(len(launch.nodes.addresses))]
-
-
-# ----------------------------------------------------------------------------- tools, probes
-
-
-def tool_argv(launch: Launch, network: str, *args: str) -> list[str]:
-    """A one-off container in the serving image (it has huggingface_hub, torch and the toolkit)."""
-    argv = ["docker", "run", "--rm", "--label", TOOL_LABEL, "--network", network]
-    for kind, value in hub_options(launch) + local_dir_options(launch):
-        argv += [kind, value]
-    return argv + ["--entrypoint", "python3", launch["IMAGE"], *args]
-
-
-def resolve_revision_argv(launch: Launch, repo: str) -> list[str]:
-    return tool_argv(launch, "host", "-c", RESOLVE_CODE, repo)
-
-
-def fetch_snapshot_argv(launch: Launch) -> list[str]:
-    return tool_argv(launch, "host", "-c", FETCH_CODE, launch.checked.drafter.repo_id,
-                     launch.drafter_pin)
-
-
-def prepare_drafter_argv(launch: Launch) -> list[str]:
-    return tool_argv(launch, "none", IN_IMAGE_PREPARE_DRAFTER, launch.draft_snapshot,
-                     "--out", launch.draft_dir, "--window", launch["DRAFTER_WINDOW"], "--json")
-
-
-def scans_checkpoint(launch: Launch) -> bool:
-    """A local MODEL is scanned before the ranks start (a Hub one has no snapshot here yet)."""
-    return launch.local_model and launch["CHECKPOINT_SCAN"] != "off"
-
-
-def scan_checkpoint_argv(launch: Launch) -> list[str]:
-    """scripts/scan-checkpoint of the serving image on the local MODEL (mounted read-only at
-    its own path): headers and the experts' global scales, no weights; no network."""
-    return tool_argv(launch, "none", IN_IMAGE_SCAN_CHECKPOINT, launch["MODEL"], "--json")
-
-
-def host_scan_argv(root: Path, model: str) -> list[str]:
-    """The same scan on this host, for DRY_RUN: this checkout's scripts/scan-checkpoint (it
-    finds or builds the recipe's tool environment for safetensors)."""
-    return ["python3", str(root / "scripts" / "scan-checkpoint"), model, "--json"]
-
-
-# A throwaway container of the serving image, allowed to write the host's kernel settings and
-# to set the GPU's clocks: the docker group run.sh needs is root-equivalent already, so no
-# sudo is asked of a node (docs/launcher.md, host levers).
-PRIVILEGED = ("docker", "run", "--rm", "--label", TOOL_LABEL, "--privileged", "--network", "none")
-COMPACT_MEMORY_SCRIPT = "echo 1 > /proc/sys/vm/compact_memory"
-
-
-def compact_memory_argv(image: str) -> list[str]:
-    """The kernel compacts every zone's free memory into large blocks (vm.compact_memory)."""
-    return [*PRIVILEGED, "--entrypoint", "sh", image, "-c", COMPACT_MEMORY_SCRIPT]
-
-
-def clock_range(mhz: str) -> str:
-    """GPU_CLOCK_MHZ as nvidia-smi's MIN,MAX: N locks at N (N,N)."""
-    return mhz if "," in mhz else f"{mhz},{mhz}"
-
-
-def lock_clocks_argv(image: str, docker_args: list[str], mhz: str) -> list[str]:
-    """nvidia-smi locks every GPU of the node in the range (DOCKER_ARGS gives the GPU)."""
-    return [*PRIVILEGED, *docker_args, "--entrypoint", "nvidia-smi", image,
-            f"--lock-gpu-clocks={clock_range(mhz)}"]
-
-
-def reset_clocks_argv(image: str, docker_args: list[str]) -> list[str]:
-    """nvidia-smi gives the clocks back to the driver (what stop.sh runs)."""
-    return [*PRIVILEGED, *docker_args, "--entrypoint", "nvidia-smi", image,
-            "--reset-gpu-clocks"]
-
-
-def probe_in_image_argv(image: str, docker_args: list[str]) -> list[str]:
-    """The platform probe (launcher/platform_probe.py, on stdin) in a throwaway container of
-    IMAGE; DOCKER_ARGS gives it the GPU."""
-    return ["docker", "run", "--rm", "-i", "--label", TOOL_LABEL, "--network", "none",
-            *docker_args, "--entrypoint", "python3", image, "-"]
-
-
-def probe_in_rank_argv(rank: int) -> list[str]:
-    """The platform probe (on stdin) in RANK's running container."""
-    return ["docker", "exec", "-i", rank_container(rank), "python3", "-"]
-
-
-def image_id_argv(image: str) -> list[str]:
-    return ["docker", "image", "inspect", "--format", "{{.Id}}", image]
-
-
-def container_status_argv(rank: int) -> list[str]:
-    return ["docker", "inspect", "--format", "{{.State.Status}}", rank_container(rank)]
-
-
-def running_ranks_argv() -> list[str]:
-    return ["docker", "ps", "--filter", f"label={SERVE_LABEL}", "--format", "{{.Names}}"]
-
-
-def serve_containers_argv() -> list[str]:
-    return ["docker", "ps", "--all", "--quiet", "--filter", f"label={SERVE_LABEL}"]
-
-
-# What READY_CHECK polls: vLLM's /health turns 503 as soon as the engine dies, while
-# /v1/models (the PR-era wait) goes on answering 200 for seconds.
-READY_PATHS = {"health": "/health", "models": "/v1/models"}
-
-
-def keyed_path(path: str) -> bool:
-    """Whether the launcher sends the API key to PATH (launcher/apikey.py: /health is open)."""
-    return apikey.needs_key(path)
-
-
-def key_from_stdin(keyed: bool) -> list[str]:
-    """curl reads its config, the Authorization header, from stdin: never from its argv."""
-    return ["--config", "-"] if keyed else []
-
-
-def api_probe_argv(port: str, check: str = "models", keyed: bool = False) -> list[str]:
-    path = READY_PATHS[check]
-    return ["curl", "--silent", "--fail", *key_from_stdin(keyed and keyed_path(path)),
-            "--output", "/dev/null", "--max-time", "5", f"http://127.0.0.1:{port}{path}"]
-
-
-def self_check_argv(root: Path, port: str, key_file: str | None = None) -> list[str]:
-    """The start-up self-check on the head, after ready (launcher/selfcheck.py); KEY_FILE:
-    the API key's file it reads (the key itself on no argv)."""
-    return ["python3", str(root / "launcher" / "entry.py"), "self-check",
-            f"http://127.0.0.1:{port}", *(("--api-key-file", key_file) if key_file else ())]
-
-
-def api_health_argv(port: str) -> list[str]:
-    """GET /health printing only the HTTP status (000: no answer); what the doctor reads."""
-    return ["curl", "--silent", "--output", "/dev/null", "--write-out", "%{http_code}",
-            "--max-time", "5", f"http://127.0.0.1:{port}/health"]
-
-
-def api_models_argv(port: str, keyed: bool = False) -> list[str]:
-    """GET /v1/models printing the model list, then a line with the HTTP status (a 401 is
-    told apart); KEYED: the key comes on stdin."""
-    return ["curl", "--silent", *key_from_stdin(keyed), "--write-out", "\n%{http_code}",
-            "--max-time", "5", f"http://127.0.0.1:{port}/v1/models"]
-
-
-# One JSON object, so that the argv and the environment (lists of words) parse apart.
-RANK_FACTS_FORMAT = ('{"status":{{json .State.Status}},"image":{{json .Image}},'
-                     '"env":{{json .Config.Env}},"args":{{json .Args}}}')
-
-
-def rank_facts_argv(rank: int) -> list[str]:
-    """What scripts/doctor reads of a rank container: status, image ID, environment, argv."""
-    return ["docker", "inspect", "--format", RANK_FACTS_FORMAT, rank_container(rank)]
+    container = rank_container(rank)
+    options = tuple(rank_options(launch, rank))
+    serve = tuple(serve_argv(launch, rank))
+    docker_run = ["docker", "run", "--detach", "--name", container, "--label", SERVE_LABEL,
+                  "--label", f"glm53.rank={rank}", *launch.recipe.docker_options,
+                  *launch.checked.words["DOCKER_ARGS"]]
+    for kind, value in options:
+        docker_run += [kind, value]
+    docker_run += ["--entrypoint", "vllm", launch["IMAGE"], *serve]
+    return RankPlan(rank=rank, node=launch.nodes.addresses[rank], container=container,
+                    options=options, image=launch["IMAGE"], serve=serve,
+                    docker_run=tuple(docker_run))
 
 
 def image_levers(env: dict[str, str]) -> dict[str, str]:
@@ -566,18 +419,6 @@ def chain_image(launch: Launch) -> str:
 def chain_layer(launch: Launch) -> str:
     """The layer scripts/build.sh builds up to (the chain's tags are <prefix><layer>)."""
     return chain_image(launch).removeprefix(launch.recipe.chain_prefix)
-
-
-def build_argv(root: Path, launch: Launch) -> list[str]:
-    return [str(root / "scripts" / "build.sh"), "--base", launch["BASE_IMAGE"],
-            "--to", chain_layer(launch), "--base-lock", launch["BASE_LOCK"]]
-
-
-def meter_argv(label: str, size: str, pv: bool, launcher_dir: Path) -> list[str]:
-    """The progress meter between `docker save` and the worker: pv when installed, else ours."""
-    if pv:
-        return ["pv", "--size", size, "--name", label]
-    return ["python3", str(launcher_dir / "count_bytes.py"), label, size]
 
 
 # ----------------------------------------------------------------------------- start-up line
@@ -600,13 +441,15 @@ def weights_phrase(launch: Launch) -> str:
     return f", weight-only {', '.join(parts)}" if parts else ""
 
 
-def startup_line(launch: Launch, drafter_phrase: str) -> str:
+def startup_line(launch: Launch) -> StartupLine:
     """The one start-up line: model, drafter and licence, k, context, graphs, KV pin, image
-    (what its base provides natively, as its labels say; the image switches on), nodes."""
+    (what its base provides natively, as its labels say; the image switches on), nodes; the
+    drafter's phrase and the base's part left for the run to say."""
     model = launch["MODEL"] if launch.local_model else f"{launch['MODEL']}@{launch.model_pin}"
     k = speculative_tokens(launch)
     if launch.dflash2:
-        drafter = f"drafter {drafter_phrase}, revision {launch.drafter_pin}, k={k}"
+        drafter = (f"drafter {StartupLine.DRAFTER_PHRASE}, revision {launch.drafter_pin}, "
+                   f"k={k}")
     elif launch["SPEC"] == "mtp":
         drafter = f"drafter the checkpoint's MTP head, k={k}"
     else:
@@ -619,14 +462,13 @@ def startup_line(launch: Launch, drafter_phrase: str) -> str:
     switches = image_switches_on(launch)
     verify = (f"; verify tau {launch['ADAPTIVE_VERIFY_TAU']}, max {launch['ADAPTIVE_VERIFY_MAX'] or k}"
               if launch["ADAPTIVE_VERIFY"] == "1" else "")
-    about = [part for part in (image_base.startup_phrase(launch.base),
-                               f"{' '.join(switches)} on{verify}" if switches else "") if part]
-    image = f"image {launch['IMAGE']}" + (f" ({'; '.join(about)})" if about else "")
-    return (f"model {model}, {drafter}, context {launch['MAX_MODEL_LEN']}, "
-            f"{launch['MAX_NUM_SEQS']} seqs, {mode}, KV pin {kv} bytes ({gib(int(kv))} GiB "
-            f"{launch['KV_CACHE_DTYPE']}){weights_phrase(launch)}, {image}, nodes "
-            f"{' '.join(launch.nodes.addresses)} (TP={launch['TP']}); "
-            f"{apikey.startup_phrase(launch.checked)}")
+    template = (f"model {model}, {drafter}, context {launch['MAX_MODEL_LEN']}, "
+                f"{launch['MAX_NUM_SEQS']} seqs, {mode}, KV pin {kv} bytes ({gib(int(kv))} GiB "
+                f"{launch['KV_CACHE_DTYPE']}){weights_phrase(launch)}, image {launch['IMAGE']}"
+                f"{StartupLine.IMAGE_ABOUT}, nodes {' '.join(launch.nodes.addresses)} "
+                f"(TP={launch['TP']}); {apikey.startup_phrase(launch.checked)}")
+    return StartupLine(template, f"{' '.join(switches)} on{verify}" if switches else "",
+                       launch.checked.drafter.phrase)
 
 
 def image_switches_on(launch: Launch) -> list[str]:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launcher.plan import plan
-from launcher.apply.remote import Nodes
+from launcher.plan.data import rank_container
 
-# POSIX sh, run as: sh -c SCRIPT memory-preflight. Prints "swappiness N", "mem <kB>" and one
-# "gpu NAME" per running container that asked Docker for GPUs. Test seams: GLM53_MEMINFO (as
-# the memory guard's) and GLM53_SWAPPINESS name files read instead of the kernel's.
+# POSIX sh, run as: sh -c SCRIPT memory-preflight (the plan's memory_facts). Prints
+# "swappiness N", "mem <kB>" and one "gpu NAME" per running container that asked Docker for
+# GPUs. Test seams: GLM53_MEMINFO (as the memory guard's) and GLM53_SWAPPINESS name files
+# read instead of the kernel's.
 _STATEMENTS = (
     'meminfo=${GLM53_MEMINFO:-/proc/meminfo}',
     'swappiness=${GLM53_SWAPPINESS:-/proc/sys/vm/swappiness}',
@@ -29,10 +29,6 @@ SCRIPT = "; ".join(_STATEMENTS)
 KIB_PER_GIB = 1 << 20
 
 
-def argv() -> list[str]:
-    return ["sh", "-c", SCRIPT, "memory-preflight"]
-
-
 @dataclass
 class NodeMemory:
     swappiness: str = "unknown"
@@ -44,7 +40,10 @@ class NodeMemory:
         return None if self.available_kib is None else self.available_kib / KIB_PER_GIB
 
 
-def parse(text: str) -> NodeMemory:
+def parse(text: str | None) -> NodeMemory | None:
+    """The facts SCRIPT printed on a node (None: it could not run there, nor facts)."""
+    if text is None:
+        return None
     facts, gpus = NodeMemory(), []
     for line in text.splitlines():
         key, _, value = line.partition(" ")
@@ -58,15 +57,9 @@ def parse(text: str) -> NodeMemory:
     return facts
 
 
-def read(nodes: Nodes, index: int) -> NodeMemory | None:
-    """The facts of node INDEX, or None when the script could not run there."""
-    text = nodes.output(index, argv())
-    return None if text is None else parse(text)
-
-
 def others(facts: NodeMemory) -> tuple[str, ...]:
     """GPU containers that are not this launcher's ranks."""
-    ours = {plan.rank_container(i) for i in range(16)}
+    ours = {rank_container(i) for i in range(16)}
     return tuple(name for name in facts.gpu_containers if name not in ours)
 
 

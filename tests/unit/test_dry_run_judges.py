@@ -1,9 +1,10 @@
 """DRY_RUN judges what the run judges (issue 46). Every refusal the real run can make is found
-in the launcher's code, by walking the calls from Serving.serve (launcher/apply/serve.py): each is
-either reached by DRY_RUN's own path too (the settings, the plan, judge_on_this_host: the same
-code on the same input) or answered only by the nodes (Docker, GPUs, memory, the images'
-IDs and labels), and then DRY_RUN prints the step that asks and says it refuses. A refusal
-added to the run fails here until it is one or the other.
+in the launcher's code, by walking the calls from the plan's build and Serving.serve
+(launcher/plan/plan.py, launcher/apply/serve.py): each is either reached by DRY_RUN's own
+path too (the settings, the plan, judge_on_this_host: the same code on the same input) or
+answered only by the nodes (Docker, GPUs, memory, the images' IDs and labels), and then
+DRY_RUN prints the step that asks and says it refuses. A refusal added to the run fails here
+until it is one or the other.
 
 The refusals DRY_RUN reaches because of this issue (the key file's mode, a key file that
 cannot be written, the head's token file, recipe.lock's shape, a local MODEL's scan) are
@@ -28,13 +29,14 @@ LAUNCHER = REPO / "launcher"
 # The launcher's packages: its commands, what decides (the plan), what acts (apply).
 PACKAGES = ("launcher", "launcher.plan", "launcher.apply")
 CONSTRUCTORS = {"refusal", "unset_refusal", "Refused", "RefusedAbove"}
-REAL_ROOTS = (("launcher.apply.serve", "Serving.serve"),)
-DRY_ROOTS = (("launcher.cli", "load"), ("launcher.plan.plan", "build"),
+# The run: its plan built once, then carried out.
+REAL_ROOTS = (("launcher.plan.plan", "build"), ("launcher.apply.serve", "Serving.serve"))
+DRY_ROOTS = (("launcher.plan.load", "load"), ("launcher.plan.plan", "build"),
              ("launcher.apply.serve", "judge_on_this_host"), ("launcher.apply.steps", "run_steps"))
 # The run's refusals only the nodes can answer: (module, function, what it refuses) -> (the
 # settings of a DRY_RUN that prints the step, a pattern its comment matches).
 ON_THE_NODES = {
-    ("launcher.plan.gpus", "check", "TP"):
+    ("launcher.plan.gpus", "judge", "TP"):
         ({"TP": "4"}, r"TP=4 .*refuse if one has fewer GPUs"),
     ("launcher.apply.serve", "Serving.check_boot_memory", "MEM_BOOT_FLOOR_GIB"):
         ({}, r"refuse the boot under MEM_BOOT_FLOOR_GIB="),
@@ -48,7 +50,7 @@ ON_THE_NODES = {
         ({}, r"a refusal of scripts/build\.sh is the run's"),
     ("launcher.apply.serve", "Serving.ensure_images", "IMAGE"):
         ({}, r"the head's ID on every worker .*refused when a worker's differs"),
-    ("launcher.plan.extra_args", "check", "EXTRA_ARGS"):
+    ("launcher.plan.extra_args", "judge", "EXTRA_ARGS"):
         ({"EXTRA_ARGS": "--seed 1"}, r"EXTRA_ARGS parsed by the image's own vLLM parser .*refused"),
     ("launcher.plan.image_base", "retired_refusal", "EXTRA_ENV"):
         ({"EXTRA_ENV": "VLLM_USE_V2_MODEL_RUNNER=0"},
@@ -140,14 +142,14 @@ def refusals_reached(roots) -> set[tuple[str, str, str]]:
 def test_the_walk_finds_the_refusals_it_must():
     """The walk is not blind: it finds the run's known refusals on both paths."""
     real, dry = refusals_reached(REAL_ROOTS), refusals_reached(DRY_ROOTS)
-    for site in (("launcher.apikey", "key_of_run", "API_KEY_FILE"),
+    for site in (("launcher.apply.api_key_file", "key_of_run", "API_KEY_FILE"),
                  ("launcher.apply.serve", "scan_problem", "MODEL"),
                  ("launcher.apply.serve", "read_base_lock", "Refused"),
                  ("launcher.apply.serve", "token_refusal", "HF_TOKEN_FILE"),
-                 ("launcher.plan.gpus", "check", "TP")):
+                 ("launcher.plan.gpus", "judge", "TP")):
         assert site in real, site
     assert ("launcher.plan.checks", "_extra_args", "EXTRA_ARGS") in dry
-    assert ("launcher.plan.gpus", "check", "TP") not in dry
+    assert ("launcher.plan.gpus", "judge", "TP") not in dry
 
 
 def test_every_refusal_of_the_run_is_dry_runs_or_the_nodes():

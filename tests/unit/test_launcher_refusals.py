@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.plan.load import load
 from launcher.plan import plan
-from launcher.apply import serve
+from launcher.plan.load import load
 from launcher.plan.settings import Refused
 from recipekit import recipe
 from tests.unit.test_launcher_support import REPO, launcher_env, run
@@ -340,7 +339,7 @@ def core_refusal(tmp_path, **settings):
     """The refusal the Python core raises for SETTINGS (None when it accepts them)."""
     try:
         checked = load(launcher_env(tmp_path, **settings))
-        plan.build(checked, serve.nodes_of(checked), REPO)
+        plan.build(checked, plan.nodes_of(checked), REPO)
     except Refused as refused:
         return refused.line
     return None

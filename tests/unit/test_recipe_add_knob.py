@@ -6,9 +6,9 @@ import tomllib
 
 import pytest
 
-from launcher.plan.load import load
+from launcher.apply import steps
 from launcher.plan import plan, render
-from launcher.apply import serve, steps
+from launcher.plan.load import load
 from launcher.plan.settings import Refused
 from recipekit import recipe
 from tests.unit.launcher_fixtures import PINNED, fixture, normalised
@@ -34,7 +34,7 @@ def with_new_knobs():
 def dry_run_text(tmp_path, the_recipe, **settings):
     env = launcher_env(tmp_path, **settings)
     checked = load(env, the_recipe=the_recipe)
-    the_plan = plan.build(checked, serve.nodes_of(checked), REPO)
+    the_plan = plan.build(checked, plan.nodes_of(checked), REPO)
     return the_plan, normalised(steps.render(the_plan.launch.nodes, steps.run_steps(the_plan)),
                                 tmp_path)
 

@@ -4,9 +4,8 @@ knob declares shows up on some rank."""
 
 import pytest
 
-from launcher.plan.load import load
 from launcher.plan import plan
-from launcher.apply import serve
+from launcher.plan.load import load
 from recipekit import recipe
 from tests.unit.test_launcher_support import REPO, launcher_env
 
@@ -22,7 +21,7 @@ SETTINGS = [
 
 def ranks(tmp_path, **settings):
     checked = load(launcher_env(tmp_path, **settings))
-    return plan.build(checked, serve.nodes_of(checked), REPO).ranks
+    return plan.build(checked, plan.nodes_of(checked), REPO).ranks
 
 
 def flags_of(rank):

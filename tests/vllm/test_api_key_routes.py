@@ -21,8 +21,7 @@ import sys
 
 import pytest
 
-from launcher import apikey
-from launcher.plan import checks
+from launcher.plan import apikey, checks
 from recipekit.layers import load_layer, run_layer
 from recipekit.layers.v8_api_key import HELPER_SOURCE, helper_of, middleware_files, open_paths
 from recipekit.tree import TreeView

@@ -1,84 +1,21 @@
-"""The platform probe (launcher/platform_probe.py) run on every node, and what it read.
-
-Where a rank's container runs, the probe runs inside it (`docker exec -i`), through the
-image's own python3 and torch; where none runs, in a throwaway container of IMAGE with the
-site's DOCKER_ARGS (what gives a container the GPU). The script travels on stdin, so an
-image built before the probe existed runs it too. scripts/doctor --platform prints it,
-run.sh prints it around memory compaction (launcher/host_levers.py), and scripts/compare
-records it at the start and end of every boot (compare/platform.py); the bench
-records it through scripts/doctor --platform --json.
+"""What the platform probe (launcher/platform_probe.py) read on a node: its document's parts,
+one line a node, and what a lever changed between two readings. launcher/apply/probe_nodes.py
+runs the probe on every node: in a rank's container when one runs there (`docker exec -i`),
+through the image's own python3 and torch, else in a throwaway container of IMAGE with the
+site's DOCKER_ARGS (what gives a container the GPU). The script travels on stdin, so an image
+built before the probe existed runs it too. scripts/doctor --platform prints it, run.sh
+prints it around memory compaction, and scripts/compare records it at the start and end of
+every boot (compare/platform.py); the bench records it through scripts/doctor --platform
+--json.
 """
 
 from __future__ import annotations
 
-import datetime
-import json
-import subprocess
 from pathlib import Path
-
-from launcher.plan import plan
-from launcher.apply.remote import Nodes
 
 PROBE = Path(__file__).parent.parent / "platform_probe.py"
 SCHEMA = "glm53-platform-nodes/1"
-# torch's import and CUDA context take seconds on a GB10; the read kernel under one
-PROBE_TIMEOUT_S = 180
 PARTS = ("bandwidth", "clocks", "memory", "fragmentation", "uptime")
-
-
-def _last_line(text: str) -> str:
-    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
-    return lines[-1] if lines else ""
-
-
-def run_probe(nodes: Nodes, index: int, argv: list[str], via: str) -> dict:
-    """The probe's document for node INDEX, labelled with where it ran; a probe that could
-    not run is {"node", "via", "why"}, its own last line of error as the reason."""
-    where = {"node": nodes.addresses[index], "role": "head" if index == 0 else f"worker {index}",
-             "via": via}
-    try:
-        with PROBE.open("rb") as script:
-            done = subprocess.run(nodes.argv(index, argv), stdin=script, capture_output=True,
-                                  timeout=PROBE_TIMEOUT_S, check=False)
-    except subprocess.TimeoutExpired:
-        return {**where, "why": f"the probe did not finish within {PROBE_TIMEOUT_S} s"}
-    except OSError as error:
-        return {**where, "why": f"cannot run {argv[0]}: {error.strerror}"}
-    stdout = done.stdout.decode(errors="replace")
-    if done.returncode != 0:
-        why = _last_line(done.stderr.decode(errors="replace")) or f"exit {done.returncode}"
-        return {**where, "why": f"the probe failed ({why})"}
-    try:
-        doc = json.loads(_last_line(stdout))
-    except ValueError:
-        doc = None
-    if not isinstance(doc, dict) or not all(isinstance(doc.get(part), dict) for part in PARTS):
-        return {**where, "why": f"the probe printed no report: {_last_line(stdout)[:160]!r}"}
-    return {**where, **doc}
-
-
-def rank_running(nodes: Nodes, index: int) -> bool:
-    return nodes.output(index, plan.container_status_argv(index)) == "running"
-
-
-def read_node(nodes: Nodes, index: int, image: str, docker_args: list[str]) -> dict:
-    """Node INDEX's probe: in its rank's container when that runs, else in IMAGE."""
-    if rank_running(nodes, index):
-        return run_probe(nodes, index, plan.probe_in_rank_argv(index),
-                         plan.rank_container(index))
-    return run_probe(nodes, index, plan.probe_in_image_argv(image, docker_args),
-                     f"a container of {image}")
-
-
-def now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
-def read_cluster(nodes: Nodes, image: str, docker_args: list[str]) -> dict:
-    """Every node's probe, head first, each with its one-line description ("line")."""
-    read = [read_node(nodes, index, image, docker_args) for index in range(len(nodes.addresses))]
-    return {"schema": SCHEMA, "at": now(),
-            "nodes": [{**doc, "line": describe(doc)} for doc in read]}
 
 
 def bandwidth(doc: dict) -> float | None:
