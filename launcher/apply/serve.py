@@ -250,7 +250,7 @@ class Serving:
         return 0
 
     def self_check(self) -> None:
-        """One Korean answer judged (launcher/selfcheck.py prints its line and any warning);
+        """One Korean answer judged (launcher/apply/selfcheck.py prints its line and any warning);
         whatever it finds, the ranks keep running. Ctrl-C ends the check, not the server."""
         signal.signal(signal.SIGINT, signal.default_int_handler)
         try:

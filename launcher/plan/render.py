@@ -1,6 +1,6 @@
 """recipe.toml as Markdown: the knob, profile and fixed-part tables of README.md and
 docs/launcher.md (with its list of the engine settings a base vLLM release retired, from
-launcher/image_base.py), the known checkpoints of docs/checkpoints.md, and docs/images.md's
+launcher/plan/image_base.py), the known checkpoints of docs/checkpoints.md, and docs/images.md's
 per-layer, per-tree outcomes from patches/layer-outcomes.json (the vllm tier's
 tests/vllm/test_layer_outcomes.py checks that file against its run). scripts/render-docs writes them between `<!-- recipe:NAME -->` and
 `<!-- /recipe:NAME -->`; tests/unit/test_recipe_docs.py fails while a render is stale.

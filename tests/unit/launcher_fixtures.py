@@ -92,7 +92,7 @@ def _pv(tmp):
 
 
 def _clock_record(tmp):
-    """A GPU clock record a run left (launcher/host_levers.py), as stop.sh reads it."""
+    """A GPU clock record a run left (launcher/apply/host_levers.py), as stop.sh reads it."""
     from launcher.apply import host_levers
 
     entry = {"mhz": "0,2150", "image": "glm53-sm121-v13",

@@ -1,4 +1,4 @@
-"""The serving image's labels on the head (launcher/image_base.py): its base's vLLM release
+"""The serving image's labels on the head (launcher/plan/image_base.py): its base's vLLM release
 (`glm53.base.vllm`) and the layers that base provides (`glm53.provided`), read once before
 anything reaches a worker. A base of vLLM 0.34.0 or later refuses EXTRA_ENV's
 VLLM_USE_V2_MODEL_RUNNER=0 (that release removed the V1 model runner); the start-up line names

@@ -430,7 +430,7 @@ def test_a_corrupt_pins_file_is_refused(tmp_path):
 
 
 def test_the_launchers_ring_is_the_images(monkeypatch):
-    """launcher/checks.py's ring formula equals the one image v13 runs (patches/v13)."""
+    """launcher/plan/checks.py's ring formula equals the one image v13 runs (patches/v13)."""
     import importlib.util
     import sys
     import types

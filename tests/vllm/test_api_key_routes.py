@@ -7,7 +7,7 @@ Each tree is patched by v8_api_key and its own FastAPI app is built on CPU
 app.routes lists, asked without the key, with a wrong one and with the key. The same app with
 vLLM's own __call__ (the decorator's __wrapped__) shows what the trees do without the layer:
 /invocations and /generative_scoring run without the key. The probe also lists each tree's
-`vllm serve` options, against which launcher/checks.py's SECRET_FLAGS is held.
+`vllm serve` options, against which launcher/plan/checks.py's SECRET_FLAGS is held.
 """
 
 from __future__ import annotations
