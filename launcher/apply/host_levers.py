@@ -8,8 +8,8 @@ already makes root-equivalent: no node is asked for sudo. The commands are the p
 A lock outlives run.sh, so it is written down first (launcher/plan/clock_record.py): each
 node goes into the record under RUNS_DIR before its lock is asked for. ./stop.sh resets
 every node the record lists and removes each from it once reset; so does a start that fails
-(serve.py) with the nodes it locked, and a record a crash left behind is still read by the
-next ./stop.sh.
+(serve.py), and a record a crash left behind is still read by the next ./stop.sh. Each reset
+is the plan's, made before anything ran.
 """
 
 from __future__ import annotations

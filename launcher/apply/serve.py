@@ -72,10 +72,6 @@ def stop_all_ranks(nodes: Remote, removals) -> int:
     return failures
 
 
-def removals(the_plan: Plan) -> list:
-    return [(node.serve_containers, node.remove_containers) for node in the_plan.nodes]
-
-
 def stop(stop_plan: StopPlan, dry_run: bool) -> int:
     """stop.sh's plan carried out (DRY_RUN: printed); a clock record that could not be read
     is said once the containers are gone."""
@@ -85,8 +81,7 @@ def stop(stop_plan: StopPlan, dry_run: bool) -> int:
         sys.stdout.write(steps.render(stop_plan.nodes, steps.stop_run_steps(stop_plan)))
         return 0
     nodes = Remote.of(stop_plan.nodes)
-    failures = stop_all_ranks(nodes, [(stop_plan.serve_containers, stop_plan.remove_containers)]
-                              * len(nodes.addresses))
+    failures = stop_all_ranks(nodes, stop_plan.removals)
     if stop_plan.record_problem:
         raise Failed(stop_plan.record_problem)
     clocks = host_levers.reset(stop_plan.clock_resets, stop_plan.runs_dir, say, warn)
@@ -229,7 +224,7 @@ class Serving:
         signal.signal(signal.SIGTERM, _interrupted)
         try:
             # An earlier run's exited ranks were kept for their logs until nothing can refuse.
-            stop_all_ranks(self.nodes, removals(self.plan))
+            stop_all_ranks(self.nodes, self.plan.removals)
             self.lock_clocks()
             self.compact_memory()
             self.start_ranks()
@@ -241,7 +236,7 @@ class Serving:
             self.stop_memory_guard()
             if self.ranks_started and not self.ready:
                 warn("start-up did not finish; stopping every rank")
-                stop_all_ranks(self.nodes, removals(self.plan))
+                stop_all_ranks(self.nodes, self.plan.removals)
             if self.clocks_locked and not self.ready:
                 warn("start-up did not finish; resetting the GPU clocks it locked")
                 host_levers.reset(self.plan.clock_resets, self["RUNS_DIR"], say, warn)
@@ -594,7 +589,7 @@ class Serving:
         subprocess.run(self.nodes.argv(index, planned.rank_log_tail),
                        stdout=sys.stderr, stderr=sys.stderr, stdin=subprocess.DEVNULL, check=False)
         self.stop_memory_guard()
-        stop_all_ranks(self.nodes, removals(self.plan))
+        stop_all_ranks(self.nodes, self.plan.removals)
         self.ranks_started = False
         raise Failed(f"rank {index} ({container} on {node}) is {status} before the API answered; "
                      "every rank was stopped")
@@ -649,7 +644,7 @@ class Serving:
             elapsed = int(time.monotonic() - start)
             if elapsed >= int(self["READY_TIMEOUT"]):
                 self.stop_memory_guard()
-                stop_all_ranks(self.nodes, removals(self.plan))
+                stop_all_ranks(self.nodes, self.plan.removals)
                 self.ranks_started = False
                 if check == "health":
                     raise Failed(f"/health did not answer 200 twice in a row within READY_TIMEOUT="

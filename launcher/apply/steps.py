@@ -50,15 +50,12 @@ def running_check(the_plan: Plan) -> Step:
     return step
 
 
-def stop_steps(the_plan: Plan | StopPlan, comment: str | None) -> list[Step]:
-    """What stop.sh (and a run, before it starts) removes on every node."""
+def stop_steps(removals, comment: str | None) -> list[Step]:
+    """What stop.sh (and a run, before it starts) removes on every node (REMOVALS: each
+    node's listing and removal, head first)."""
     step = Step(comment)
-    if isinstance(the_plan, StopPlan):
-        for index in range(len(the_plan.nodes.addresses)):
-            step.on(index, the_plan.serve_containers).on(index, the_plan.remove_containers)
-    else:
-        for node in the_plan.nodes:
-            step.on(node.index, node.serve_containers).on(node.index, node.remove_containers)
+    for index, (listing, removal) in enumerate(removals):
+        step.on(index, listing).on(index, removal)
     return [step]
 
 
@@ -262,8 +259,9 @@ def memory_guard(the_plan: Plan) -> list[Step]:
 
 def ranks(the_plan: Plan) -> list[Step]:
     launch = the_plan.launch
-    leftovers = stop_steps(the_plan, "remove the exited serve containers an earlier run left "
-                                     "(kept for their logs until nothing can refuse)")
+    leftovers = stop_steps(the_plan.removals, "remove the exited serve containers an earlier "
+                                              "run left (kept for their logs until nothing can "
+                                              "refuse)")
     key = ([Step(apikey.dry_run_comment(launch.checked))] if apikey.keyed(launch.checked)
            else [])
     start = Step("start one rank per node, head first")
@@ -308,7 +306,7 @@ def run_steps(the_plan: Plan, scanned: str | None = None) -> list[Step]:
 
 def stop_run_steps(stop: StopPlan) -> list[Step]:
     """Every step of stop.sh, in order."""
-    return [*stop_steps(stop, "remove the serve containers listed on each node"),
+    return [*stop_steps(stop.removals, "remove the serve containers listed on each node"),
             *clock_reset_steps(stop)]
 
 

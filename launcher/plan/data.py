@@ -229,7 +229,7 @@ class Plan:
     ranks_per_node: int
     clock_range: str  # GPU_CLOCK_MHZ as nvidia-smi's MIN,MAX ("" without)
     clock_record: Path  # the record of the nodes whose clocks are locked
-    clock_resets: tuple[ClockReset, ...]  # what a start that fails resets of its own locks
+    clock_resets: tuple[ClockReset, ...]  # what a start that fails resets (the record's nodes)
     probe_script: Path  # launcher/platform_probe.py, on the probe's stdin
     ready_probe: Command  # READY_CHECK's poll on the head (the key, when keyed, on stdin)
     ready_path: str
@@ -242,6 +242,11 @@ class Plan:
     @property
     def ranks(self) -> tuple[RankPlan, ...]:
         return tuple(node.rank for node in self.nodes)
+
+    @property
+    def removals(self) -> tuple[tuple[Command, Command], ...]:
+        """Each node's listing of its serve containers and their removal, head first."""
+        return tuple((node.serve_containers, node.remove_containers) for node in self.nodes)
 
     def filled(self, model_pin: str | None = None, drafter_pin: str | None = None,
                image_id: str | None = None) -> "Plan":
@@ -285,6 +290,11 @@ class StopPlan:
     clock_record: Path
     clock_resets: tuple[ClockReset, ...]
     record_problem: str = ""  # why the record could not be read ("" when it could)
+
+    @property
+    def removals(self) -> tuple[tuple[Command, Command], ...]:
+        """Each node's listing of its serve containers and their removal, head first."""
+        return ((self.serve_containers, self.remove_containers),) * len(self.nodes.addresses)
 
 
 def _fill(value, words: Mapping[str, str], skip: tuple[str, ...] = ()):

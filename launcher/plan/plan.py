@@ -135,7 +135,7 @@ def build(checked: Checked, nodes: Nodes, root: Path) -> Plan:
     """The run's plan: every command of every node, before any of them runs."""
     launch = settle(checked, nodes)
     words = checked.words
-    image, docker_args = launch["IMAGE"], words["DOCKER_ARGS"]
+    image = launch["IMAGE"]
     holes = [(launch.model_pin, MODEL_PIN, launch["MODEL"]),
              (launch.drafter_pin, DRAFTER_PIN, checked.drafter.repo_id)]
     scans = scans_checkpoint(launch)
@@ -162,10 +162,7 @@ def build(checked: Checked, nodes: Nodes, root: Path) -> Plan:
         ranks_per_node=gpus.ranks_per_node(launch["TP"], len(nodes.addresses)),
         clock_range=clock_range(mhz) if mhz else "",
         clock_record=clock_record.record_path(launch["RUNS_DIR"]),
-        clock_resets=tuple(
-            ClockReset(address, clock_range(mhz),
-                       tuple(nodes.argv(index, reset_clocks_argv(image, docker_args))))
-            for index, address in enumerate(nodes.addresses)) if mhz else (),
+        clock_resets=clock_resets(launch) if mhz else (),
         probe_script=node_platform.PROBE,
         ready_probe=tuple(api_probe_argv(launch["PORT"], launch["READY_CHECK"], keyed)),
         ready_path=READY_PATHS[launch["READY_CHECK"]],
@@ -224,21 +221,39 @@ def scans_checkpoint(launch: Launch) -> bool:
     return launch.local_model and launch["CHECKPOINT_SCAN"] != "off"
 
 
+def recorded_resets(nodes: Nodes, runs_dir: str) -> tuple[dict[str, ClockReset], str]:
+    """(address -> the reset of every node the GPU clock record lists, each from where the
+    record says it runs, in the record's order; why the record cannot be read, or "")."""
+    try:
+        recorded = clock_record.read_record(runs_dir)
+    except Failed as failed:
+        return {}, str(failed)
+    return {address: ClockReset(address, entry["mhz"], tuple(entry_argv(
+        nodes.ssh, address, entry, reset_clocks_argv(entry["image"], entry["docker_args"]))))
+        for address, entry in recorded.items()}, ""
+
+
+def clock_resets(launch: Launch) -> tuple[ClockReset, ...]:
+    """What a start that fails after locking resets: every node the record lists, the ones
+    this run locks as it locks them (a record that cannot be read now: those alone; the
+    lock reads it again and stops there)."""
+    nodes, mhz = launch.nodes, clock_range(launch["GPU_CLOCK_MHZ"])
+    resets, _ = recorded_resets(nodes, launch["RUNS_DIR"])
+    docker_args = launch.checked.words["DOCKER_ARGS"]
+    for index, address in enumerate(nodes.addresses):
+        resets[address] = ClockReset(address, mhz, tuple(nodes.argv(
+            index, reset_clocks_argv(launch["IMAGE"], docker_args))))
+    return tuple(resets.values())
+
+
 def stop_plan(checked: Checked) -> StopPlan:
     """stop.sh's plan: every node's serve containers, and a reset of every node the GPU clock
-    record lists, each from where the record says it runs (a record that cannot be read is
-    said once the containers are gone)."""
+    record lists (a record that cannot be read is said once the containers are gone)."""
     nodes = nodes_of(checked)
-    try:
-        recorded, problem = clock_record.read_record(checked["RUNS_DIR"]), ""
-    except Failed as failed:
-        recorded, problem = {}, str(failed)
-    resets = tuple(ClockReset(address, entry["mhz"], tuple(entry_argv(
-        nodes.ssh, address, entry, reset_clocks_argv(entry["image"], entry["docker_args"]))))
-        for address, entry in recorded.items())
+    resets, problem = recorded_resets(nodes, checked["RUNS_DIR"])
     return StopPlan(nodes, tuple(serve_containers_argv()), tuple(remove_containers_argv()),
-                    checked["RUNS_DIR"], clock_record.record_path(checked["RUNS_DIR"]), resets,
-                    problem)
+                    checked["RUNS_DIR"], clock_record.record_path(checked["RUNS_DIR"]),
+                    tuple(resets.values()), problem)
 
 
 def entry_argv(ssh, address: str, entry: dict, argv: list[str]) -> list[str]:

@@ -17,12 +17,14 @@ from pathlib import Path
 
 import pytest
 
+from launcher.apply import host_levers
 from launcher.apply.remote import Remote
 from launcher.plan import plan
 from launcher.plan.data import DRAFTER_PIN, IMAGE_ID, MODEL_PIN, UNPINNED, Plan, unfilled
 from launcher.plan.load import load
 from launcher.plan.settings import Failed
-from tests.unit.test_launcher_support import REPO, launcher_env
+from launcher.plan.words import quote
+from tests.unit.test_launcher_support import NODES, REPO, launcher_env
 
 LAUNCHER = REPO / "launcher"
 BUILDERS = ("launcher.plan.plan", "launcher.plan.commands")
@@ -204,3 +206,19 @@ def test_a_command_holding_a_hole_is_never_run(unpinned):
         nodes.run(0, unpinned.head.rank.docker_run)
     with pytest.raises(Failed, match="listed-ids"):
         nodes.argv(1, unpinned.nodes[1].remove_containers)
+
+
+def test_a_start_that_fails_plans_the_reset_of_every_node_the_record_lists(tmp_path):
+    """A node an earlier run left locked (a crash) is reset with the record's own image and
+    DOCKER_ARGS, from the record's address; this run's nodes as it locks them."""
+    left = {"head": False, "mhz": "1200,1200", "image": "old-image", "docker_args": ["--gpus", "0"]}
+    host_levers.write_record(str(tmp_path / "runs"), {"192.0.2.9": left})
+    checked = load(launcher_env(tmp_path, GPU_CLOCK_MHZ="2150", RUNS_DIR=tmp_path / "runs"))
+    resets = plan.build(checked, plan.nodes_of(checked), REPO).clock_resets
+    assert [(reset.address, reset.mhz) for reset in resets] == [
+        ("192.0.2.9", "1200,1200"), (NODES[0], "2150,2150"), (NODES[1], "2150,2150")]
+    ssh = tuple(checked.words["SSH"])
+    assert resets[0].argv == (*ssh, "192.0.2.9", quote(
+        ["docker", "run", "--rm", "--label", "glm53.launcher=tool", "--privileged", "--network",
+         "none", "--gpus", "0", "--entrypoint", "nvidia-smi", "old-image", "--reset-gpu-clocks"]))
+    assert resets[1].argv[0] == "docker" and resets[2].argv[:len(ssh) + 1] == (*ssh, NODES[1])
