@@ -357,7 +357,8 @@ class Serving:
     def stream_image_to(self, index: int) -> None:
         """The head's image to worker INDEX: saved on the head, through the meter (told the
         image's size), loaded there."""
-        image, node, stream = self["IMAGE"], self.nodes.addresses[index], self.plan.nodes[index].stream
+        image, node = self["IMAGE"], self.nodes.addresses[index]
+        stream = self.plan.nodes[index].stream
         size = subprocess.run(list(stream.size), capture_output=True, text=True,
                               check=False).stdout.strip()
         say(f"streaming {image} to {self.nodes.label(index)} (docker save | ssh docker load)")

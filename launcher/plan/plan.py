@@ -1,8 +1,8 @@
-"""A run as data, built once from its checked settings before anything runs (launcher/
-apply/ carries it out; DRY_RUN prints it): the pins, every node's commands in run order (the
-checks, the image, the drafter, the host levers, its rank's `docker run` with its mounts,
-environment and `vllm serve` argv, the memory guard, the readiness wait), the head's own (the
-build, the scans, the pin look-ups, the self-check), and stop.sh's. The types are
+"""A run as data, built once from its checked settings before anything runs
+(launcher/apply/ carries it out; DRY_RUN prints it): the pins, every node's commands in run
+order (the checks, the image, the drafter, the host levers, its rank's `docker run` with its
+mounts, environment and `vllm serve` argv, the memory guard, the readiness wait), the head's
+own (the build, the scans, the pin look-ups, the self-check), and stop.sh's. The types are
 launcher/plan/data.py's, the tool commands' words launcher/plan/commands.py's.
 
 Order follows the seed's command; recipe.toml says which knob drives which flag and

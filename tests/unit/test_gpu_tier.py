@@ -394,9 +394,10 @@ def test_the_remap_points_the_weight_groups_at_qwen3_at_first_import(tmp_path):
         "GROUPS = {'kda_in': ('KimiDeltaAttention', ('in_proj',))}\n"
         "TARGET_ROOTS = ('Glm5NextForCausalLM',)\n")
     probe = ("import sys\n"
-             "from vllm.model_executor.model_loader.glm53_weight_groups import GROUPS, TARGET_ROOTS\n"
-             "print(sorted(GROUPS), TARGET_ROOTS[0],\n"
-             "      [type(f).__name__ for f in sys.meta_path if type(f).__name__ == 'EditOnImport'])\n")
+             "from vllm.model_executor.model_loader.glm53_weight_groups import (GROUPS,\n"
+             "                                                                  TARGET_ROOTS)\n"
+             "hooks = [type(f).__name__ for f in sys.meta_path]\n"
+             "print(sorted(GROUPS), TARGET_ROOTS[0], [h for h in hooks if h == 'EditOnImport'])\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REMAP), str(tmp_path / "fake")])}
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env,
                           timeout=120, check=False)
