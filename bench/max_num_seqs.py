@@ -21,7 +21,6 @@ import os
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 import aiohttp
 
@@ -65,11 +64,10 @@ def from_launcher(url: str, max_model_len, environ: Mapping[str, str]) -> tuple[
     parts = urllib.parse.urlsplit(url)
     if parts.hostname not in LOOPBACK:
         return None, f"{url} is not on this host"
-    from launcher import cli  # the bench runs from the launcher's checkout
-    from launcher.settings import Refused, resolve
-    cluster_file = Path(environ.get("CLUSTER_ENV") or cli.ROOT / "cluster.env")
+    from launcher.plan.load import cluster_file  # the bench runs from the launcher's checkout
+    from launcher.plan.settings import Refused, resolve
     try:
-        values = resolve(recipe.load(), environ, cluster_file)
+        values = resolve(recipe.load(), environ, cluster_file(environ))
     except (Refused, recipe.RecipeError) as exc:
         return None, f"the launcher's settings do not resolve ({exc})"
     port = parts.port or (443 if parts.scheme == "https" else 80)

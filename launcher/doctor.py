@@ -18,10 +18,14 @@ import re
 import shutil
 import subprocess
 
-from launcher import apikey, host_levers, node_platform, plan, preflight
-from launcher.checks import Checked
-from launcher.serve import nodes_of
-from launcher.settings import Failed
+from launcher.apply import probe_nodes
+from launcher.apply.api_key_file import key_of_client
+from launcher.apply.remote import Remote
+from launcher.plan import clock_record, commands, node_platform, plan, preflight
+from launcher.plan.apikey import curl_config
+from launcher.plan.checks import Checked
+from launcher.plan.data import Launch, rank_container
+from launcher.plan.settings import Failed
 
 EXIT_READY, EXIT_MISSING, EXIT_LOADING, EXIT_MISMATCH, EXIT_DOWN = 0, 3, 4, 5, 6
 EXIT_UNMEASURED = 7  # --platform: a node's read bandwidth could not be measured
@@ -61,8 +65,8 @@ def docker_failure(result: subprocess.CompletedProcess) -> str:
 class Doctor:
     def __init__(self, checked: Checked):
         self.checked = checked
-        self.nodes = nodes_of(checked)
-        self.launch = plan.Launch(checked, self.nodes, "", "")
+        self.nodes = Remote.of(plan.nodes_of(checked))
+        self.launch = Launch(checked, self.nodes, "", "")
         self.present = self.down = self.mismatches = self.unreachable = 0
         self.rank_images: dict[int, str] = {}
         self.rank_levers: dict[int, dict[str, str]] = {}
@@ -90,8 +94,8 @@ class Doctor:
                          for name in names if found.get(name) != wanted.get(name))
 
     def check_rank(self, index: int) -> None:
-        container, where = plan.rank_container(index), self.nodes.label(index)
-        facts = subprocess.run(self.nodes.argv(index, plan.rank_facts_argv(index)),
+        container, where = rank_container(index), self.nodes.label(index)
+        facts = subprocess.run(self.nodes.argv(index, commands.rank_facts_argv(index)),
                                stdin=subprocess.DEVNULL, capture_output=True, text=True,
                                check=False)
         if facts.returncode == SSH_UNREACHABLE and index > 0:
@@ -150,7 +154,7 @@ class Doctor:
             return
         for index, levers in self.rank_levers.items():
             if index > 0 and levers != head:
-                finding(f"{self.nodes.label(index)}: {plan.rank_container(index)} levers differ "
+                finding(f"{self.nodes.label(index)}: {rank_container(index)} levers differ "
                         f"from the head's: {self.lever_difference(levers, head)}; the ranks must "
                         "agree: ./stop.sh, then ./run.sh")
                 self.mismatches += 1
@@ -172,7 +176,7 @@ class Doctor:
                 finding(f"{self.nodes.label(index)}: image {found} differs from the head's {head}; "
                         f"./stop.sh, docker rmi {image} there, ./run.sh streams the head's")
                 self.mismatches += 1
-        current = self.nodes.output(0, plan.image_id_argv(image)) or ""
+        current = self.nodes.output(0, commands.image_id_argv(image)) or ""
         if current != head:
             finding(f"IMAGE {image} on the head is {current or 'missing'}, the ranks run {head}; "
                     "./stop.sh and ./run.sh to serve it")
@@ -182,7 +186,7 @@ class Doctor:
         if self.checked["MEM_PREFLIGHT"] != "1":
             return
         for index in range(len(self.nodes.addresses)):
-            facts = preflight.read(self.nodes, index)
+            facts = preflight.parse(self.nodes.output(index, commands.memory_facts_argv()))
             where = self.nodes.label(index)
             finding(f"{where}: memory: " + (preflight.describe(facts) if facts else "cannot be read"))
 
@@ -190,7 +194,7 @@ class Doctor:
         """"up", "loading" (no answer) or "down" (answers, but not 200), from GET /health."""
         port = self.checked["PORT"]
         url = f"http://127.0.0.1:{port}/health"
-        status = self.nodes.output(0, plan.api_health_argv(port))
+        status = self.nodes.output(0, commands.api_health_argv(port))
         if status is None or status in ("", "000"):
             return "loading"
         if status != "200":
@@ -204,9 +208,9 @@ class Doctor:
         """Whether the API answers; a model id or length other than the settings' is counted."""
         port = self.checked["PORT"]
         url = f"http://127.0.0.1:{port}/v1/models"
-        key = apikey.key_of_client(self.checked)
-        asked = subprocess.run(plan.api_models_argv(port, key is not None), text=True,
-                               input=apikey.curl_config(key), capture_output=True, check=False)
+        key = key_of_client(self.checked)
+        asked = subprocess.run(commands.api_models_argv(port, key is not None), text=True,
+                               input=curl_config(key), capture_output=True, check=False)
         body, _, status = asked.stdout.rpartition("\n")
         if status == "401":
             finding(f"API {url} answers 401 Unauthorized: " + (
@@ -265,18 +269,19 @@ class Doctor:
 
 
 def platform_report(checked: Checked, as_json: bool) -> int:
-    """--platform: every node's platform probe (launcher/node_platform.py), and what run.sh locked
-    (launcher/host_levers.py's record); a line a node, or one JSON object."""
-    nodes = nodes_of(checked)
-    doc = node_platform.read_cluster(nodes, checked["IMAGE"], checked.words["DOCKER_ARGS"])
-    doc["clock_lock"] = host_levers.read_record(checked["RUNS_DIR"])
+    """--platform: every node's platform probe (launcher/apply/probe_nodes.py), and what run.sh
+    locked (launcher/plan/clock_record.py's record); a line a node, or one JSON object."""
+    nodes = Remote.of(plan.nodes_of(checked))
+    doc = probe_nodes.read_cluster(nodes, commands.platform_probes(
+        len(nodes.addresses), checked["IMAGE"], checked.words["DOCKER_ARGS"]))
+    doc["clock_lock"] = clock_record.read_record(checked["RUNS_DIR"])
     unmeasured = [node for node in doc["nodes"] if node_platform.bandwidth(node) is None]
     if as_json:
         print(json.dumps(doc), flush=True)
     else:
         for node in doc["nodes"]:
             finding(f"{node_platform.label(node)}: {node_platform.describe(node)}")
-        finding(host_levers.describe_record(doc["clock_lock"]))
+        finding(clock_record.describe_record(doc["clock_lock"]))
         outcome = ("bandwidth not measured on " + ", ".join(node["node"] for node in unmeasured)
                    if unmeasured else "measured on every node")
         finding(f"platform {outcome} (exit {EXIT_UNMEASURED if unmeasured else EXIT_READY})")

@@ -1,6 +1,7 @@
-"""The launcher's one entry: `python3 launcher/entry.py run|stop|doctor|compare|self-check`
-(run.sh, stop.sh, scripts/doctor and scripts/compare call it; run.sh's run calls
-self-check once ready). Checks the interpreter before anything imports tomllib."""
+"""The launcher's one entry: `python3 launcher/entry.py run|stop|doctor|self-check`
+(run.sh, stop.sh and scripts/doctor call it; run.sh's run calls self-check once ready;
+scripts/compare has its own, compare/entry.py). Checks the interpreter before anything
+imports tomllib."""
 
 import sys
 from pathlib import Path

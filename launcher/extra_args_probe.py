@@ -1,4 +1,4 @@
-"""Run inside the serving image (python3 -c, by launcher/extra_args.py): EXTRA_ARGS's words,
+"""Run inside the serving image (python3 -c, by launcher/plan/extra_args.py): EXTRA_ARGS's words,
 given as one JSON list in argv[1], parsed by that image's own `vllm serve` parser after a
 placeholder model. Prints one JSON line: {"ok": true}, {"error": "<argparse's message>"}, or
 {"skipped": "<why>"} when this vLLM's parser cannot be set up here. Standard library and

@@ -14,7 +14,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from launcher.settings import Refused
+from launcher.plan.settings import Refused
 
 ROOT = Path(__file__).resolve().parent.parent
 # The command launcher/entry.py is given -> the script a user runs.

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher import cli, doctor
+from launcher import doctor
+from launcher.plan.load import load
 from tests.engine.cache import progress
 from tests.engine.conftest import TINY_CONTEXT, TINY_SERVE_ARGS
 from tests.engine.engine_server import EngineServer
@@ -176,7 +177,7 @@ def test_doctor_reports_the_rank_down_within_5_s_of_the_engine_core_kill(
         environ = launcher_env(tmp_path, nodes=1, **settings)
         for name, value in environ.items():
             monkeypatch.setenv(name, value)
-        checked = cli.load(environ)
+        checked = load(environ)
         core = engine_core_pid(server)
         capsys.readouterr()
         verdict: dict = {}

@@ -173,7 +173,7 @@ def test_the_targets_greedy_choices_are_far_from_ties(server_multibyte_corrupt):
 
 def test_the_self_check_tells_the_two_targets_apart(server_multibyte_clean,
                                                     server_multibyte_corrupt):
-    """run.sh's self-check (launcher/selfcheck.py), as run.sh runs it once ready."""
+    """run.sh's self-check (launcher/apply/selfcheck.py), as run.sh runs it once ready."""
     def self_check(server) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, str(REPO_ROOT / "launcher" / "entry.py"),
                                "self-check", server.url], capture_output=True, text=True,

@@ -92,8 +92,8 @@ def _pv(tmp):
 
 
 def _clock_record(tmp):
-    """A GPU clock record a run left (launcher/host_levers.py), as stop.sh reads it."""
-    from launcher import host_levers
+    """A GPU clock record a run left (launcher/apply/host_levers.py), as stop.sh reads it."""
+    from launcher.apply import host_levers
 
     entry = {"mhz": "0,2150", "image": "glm53-sm121-v13",
              "docker_args": ["--gpus", "all", "--device", "/dev/infiniband"]}

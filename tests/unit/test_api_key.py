@@ -13,7 +13,7 @@ import stat
 import pytest
 
 from bench import bench_decode, probes, quality, receipts
-from launcher import apikey as launcher_apikey
+from launcher.plan import apikey as launcher_apikey
 from recipekit import apikey, recipe
 from recipekit.layers.v8_api_key import open_paths
 from tests.fakes import fake_vllm

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench import requires
-from launcher.compare import boot
+from compare import boot
 from tests.timing import HANG_GUARD_S
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""One boot's measurements (launcher/compare/boot.py), each a bench/ command: a tool that
+"""One boot's measurements (compare/boot.py), each a bench/ command: a tool that
 crashes, or ends without leaving its result, ends the boot naming the tool; an exit 1 from
 an escaped exception is never taken for a failed result (issue 35, finding 4). The launcher is
 not run here: the boot measures with stand-in tools against no server."""
@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from launcher.compare import boot as boots
-from launcher.compare.rundir import Options, RunDir
+from compare import boot as boots
+from compare.rundir import Options, RunDir
 
 
 @pytest.fixture
@@ -70,7 +70,7 @@ def test_the_guard_runs_the_tool_as_python_would(tmp_path):
     (tmp_path / "beside.py").write_text("VALUE = 7\n")
     script = tool(tmp_path, "import beside\nprint(__name__, sys.argv[1:], beside.VALUE)\n"
                             "sys.exit(int(sys.argv[1]))\n")
-    guard = boots.ROOT / "launcher" / "compare" / "crash_guard.py"
+    guard = boots.ROOT / "compare" / "crash_guard.py"
     for code in (0, 1, 2):
         done = subprocess.run([sys.executable, str(guard), script, str(code), "x"],
                               capture_output=True, text=True, check=False)

@@ -1,11 +1,11 @@
 """scripts/compare's platform: each boot's probe readings (its bench's platform block) in the
 report, and the verdict's warning when the candidate's read bandwidth leaves the band the
-reference boots' own readings span (launcher/compare/platform.py)."""
+reference boots' own readings span (compare/platform.py)."""
 
 from __future__ import annotations
 
-from launcher.compare import platform as compare_platform
-from launcher.compare import report
+from compare import platform as compare_platform
+from compare import report
 from tests.unit.test_compare_verdict import saved_run, verdict_of
 
 PASSING = ("compare: candidate passes the gate and is 10.0% faster at prose c=1 (33.0 against "
@@ -59,7 +59,7 @@ def test_the_report_shows_each_boots_platform_and_the_bandwidth_table(tmp_path):
     run_dir = saved_run(tmp_path, platform={"reference-a": (238.0, 240.0),
                                             "reference-b": (239.0, 241.0),
                                             "candidate": (262.0, 264.0)})
-    from launcher.compare import results
+    from compare import results
 
     summary = results.summarize(run_dir.path, run_dir.plan)
     text = report.markdown(run_dir.plan, summary, results.decide(summary, run_dir.plan), False)

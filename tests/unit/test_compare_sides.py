@@ -10,9 +10,9 @@ import os
 
 import pytest
 
-from launcher.compare import command, rundir, sides
-from launcher.compare.rundir import Options, RunDir
-from launcher.settings import Refused
+from compare import command, rundir, sides
+from compare.rundir import Options, RunDir
+from launcher.plan.settings import Refused
 from recipekit import recipe
 from tests.unit.test_launcher_support import HOME, NODES
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.compare import boot, command
-from launcher.compare.rundir import Options, RunDir
-from launcher.settings import Refused
+from compare import boot, command
+from compare.rundir import Options, RunDir
+from launcher.plan.settings import Refused
 
 
 def bench_argv(options: Options) -> tuple[str, ...]:

@@ -1,4 +1,4 @@
-"""scripts/compare's verdict and report from saved files alone (launcher/compare/results.py
+"""scripts/compare's verdict and report from saved files alone (compare/results.py
 and report.py): each rule of the verdict with files made here, whose truth is known."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from bench import prompts
-from launcher.compare import boot as boots
-from launcher.compare import report, results
-from launcher.compare.rundir import BOOTS, Options, RunDir, read_json
+from compare import boot as boots
+from compare import report, results
+from compare.rundir import BOOTS, Options, RunDir, read_json
 
 PHASES = ("prose", "structured", "code")
 QUALITY_PHASES = ("prose", "code", "structured", "needle")
@@ -104,7 +104,7 @@ def saved_run(tmp_path: Path, speeds=(30.0, 30.0, 33.0), gate_kl=0.0, gate_top1=
               statuses=None, band_kl=0.001, band_top1=0.99, served=None, probes=None,
               platform=None) -> RunDir:
     """A report directory as three finished boots leave it: each owed measurement's record
-    (scripts/compare's own list of them, launcher/compare/boot.py) and result file. SERVED:
+    (scripts/compare's own list of them, compare/boot.py) and result file. SERVED:
     boot -> fields of what it served that differ from SERVED's. PROBES: (boot, probe) -> status of
     the integrity probes (default pass; None: the boot left no probes.json). PLATFORM: boot ->
     its node's read bandwidth at the bench's start and end (default 250.0 at both; None: a

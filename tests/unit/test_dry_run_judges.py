@@ -1,9 +1,10 @@
 """DRY_RUN judges what the run judges (issue 46). Every refusal the real run can make is found
-in the launcher's code, by walking the calls from Serving.serve (launcher/serve.py): each is
-either reached by DRY_RUN's own path too (the settings, the plan, judge_on_this_host: the same
-code on the same input) or answered only by the nodes (Docker, GPUs, memory, the images'
-IDs and labels), and then DRY_RUN prints the step that asks and says it refuses. A refusal
-added to the run fails here until it is one or the other.
+in the launcher's code, by walking the calls from the plan's build and Serving.serve
+(launcher/plan/plan.py, launcher/apply/serve.py): each is either reached by DRY_RUN's own
+path too (the settings, the plan, judge_on_this_host: the same code on the same input) or
+answered only by the nodes (Docker, GPUs, memory, the images' IDs and labels), and then
+DRY_RUN prints the step that asks and says it refuses. A refusal added to the run fails here
+until it is one or the other.
 
 The refusals DRY_RUN reaches because of this issue (the key file's mode, a key file that
 cannot be written, the head's token file, recipe.lock's shape, a local MODEL's scan) are
@@ -25,32 +26,37 @@ from tests.unit.test_launcher_lifecycle import IMAGE, make_cluster, serve, start
 from tests.unit.test_launcher_support import REPO, run, sealed_bin
 
 LAUNCHER = REPO / "launcher"
+# The launcher's packages: its commands, what decides (the plan), what acts (apply).
+PACKAGES = ("launcher", "launcher.plan", "launcher.apply")
 CONSTRUCTORS = {"refusal", "unset_refusal", "Refused", "RefusedAbove"}
-REAL_ROOTS = (("launcher.serve", "Serving.serve"),)
-DRY_ROOTS = (("launcher.cli", "load"), ("launcher.plan", "build"),
-             ("launcher.serve", "judge_on_this_host"), ("launcher.steps", "run_steps"))
+# The run: its plan built once, then carried out.
+REAL_ROOTS = (("launcher.plan.plan", "build"), ("launcher.apply.serve", "Serving.serve"))
+DRY_ROOTS = (("launcher.plan.load", "load"), ("launcher.plan.plan", "build"),
+             ("launcher.apply.serve", "judge_on_this_host"), ("launcher.apply.steps", "run_steps"))
 # The run's refusals only the nodes can answer: (module, function, what it refuses) -> (the
 # settings of a DRY_RUN that prints the step, a pattern its comment matches).
 ON_THE_NODES = {
-    ("launcher.gpus", "check", "TP"):
+    ("launcher.plan.gpus", "judge", "TP"):
         ({"TP": "4"}, r"TP=4 .*refuse if one has fewer GPUs"),
-    ("launcher.serve", "Serving.check_boot_memory", "MEM_BOOT_FLOOR_GIB"):
+    ("launcher.apply.serve", "Serving.check_boot_memory", "MEM_BOOT_FLOOR_GIB"):
         ({}, r"refuse the boot under MEM_BOOT_FLOOR_GIB="),
-    ("launcher.serve", "Serving.check_base", "BASE_IMAGE"):
+    ("launcher.apply.serve", "Serving.check_base", "BASE_IMAGE"):
         ({}, r"base: refused when .*recipe\.lock records another image ID"),
-    ("launcher.serve", "Serving.check_base", "BASE_LOCK"):
+    ("launcher.apply.serve", "Serving.check_base", "BASE_LOCK"):
         ({"BASE_LOCK": "strict"}, r"refused too while recipe\.lock holds none for it"),
-    ("launcher.serve", "Serving.build_chain_on_head", "IMAGE"):
+    ("launcher.apply.serve", "Serving.build_chain_on_head", "IMAGE"):
         ({"IMAGE": "lab/glm:1"}, r"only when lab/glm:1 is missing on the head: refused \(IMAGE\)"),
-    ("launcher.serve", "Serving.build_chain_on_head", "RefusedAbove"):
+    ("launcher.apply.serve", "Serving.build_chain_on_head", "RefusedAbove"):
         ({}, r"a refusal of scripts/build\.sh is the run's"),
-    ("launcher.serve", "Serving.ensure_images", "IMAGE"):
+    ("launcher.apply.serve", "Serving.ensure_images", "IMAGE"):
         ({}, r"the head's ID on every worker .*refused when a worker's differs"),
-    ("launcher.extra_args", "check", "EXTRA_ARGS"):
+    ("launcher.plan.extra_args", "judge", "EXTRA_ARGS"):
         ({"EXTRA_ARGS": "--seed 1"}, r"EXTRA_ARGS parsed by the image's own vLLM parser .*refused"),
-    ("launcher.image_base", "retired_refusal", "EXTRA_ENV"):
+    ("launcher.plan.image_base", "retired_refusal", "EXTRA_ENV"):
         ({"EXTRA_ENV": "VLLM_USE_V2_MODEL_RUNNER=0"},
          r"EXTRA_ENV's VLLM_USE_V2_MODEL_RUNNER=0 refused on a base of vLLM 0\.34\.0"),
+    ("launcher.plan.image_base", "b12x_refusal", "MOE_BACKEND"):
+        ({"MOE_BACKEND": "b12x"}, r"MOE_BACKEND=b12x refused unless its \S+ lists b12x"),
 }
 
 
@@ -73,15 +79,20 @@ class Module:
                 for item in node.body:
                     if isinstance(item, ast.FunctionDef):
                         self.functions[f"{node.name}.{item.name}"] = item
-            elif isinstance(node, ast.ImportFrom) and node.module == "launcher":
-                self.modules.update({a.asname or a.name: f"launcher.{a.name}" for a in node.names})
+            elif isinstance(node, ast.ImportFrom) and node.module in PACKAGES:
+                self.modules.update({a.asname or a.name: f"{node.module}.{a.name}"
+                                     for a in node.names})
             elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("launcher."):
                 self.names.update({a.asname or a.name: (node.module, a.name) for a in node.names})
 
 
+def module_name(path: Path) -> str:
+    return ".".join(path.relative_to(REPO).with_suffix("").parts)
+
+
 def launcher_modules() -> dict[str, Module]:
-    return {f"launcher.{path.stem}": Module(f"launcher.{path.stem}", ast.parse(path.read_text()))
-            for path in sorted(LAUNCHER.glob("*.py"))}
+    return {module_name(path): Module(module_name(path), ast.parse(path.read_text()))
+            for path in sorted(LAUNCHER.rglob("*.py")) if path.stem != "__init__"}
 
 
 def callees(modules, module: Module, qualname: str):
@@ -131,14 +142,14 @@ def refusals_reached(roots) -> set[tuple[str, str, str]]:
 def test_the_walk_finds_the_refusals_it_must():
     """The walk is not blind: it finds the run's known refusals on both paths."""
     real, dry = refusals_reached(REAL_ROOTS), refusals_reached(DRY_ROOTS)
-    for site in (("launcher.apikey", "key_of_run", "API_KEY_FILE"),
-                 ("launcher.serve", "scan_problem", "MODEL"),
-                 ("launcher.serve", "read_base_lock", "Refused"),
-                 ("launcher.serve", "token_refusal", "HF_TOKEN_FILE"),
-                 ("launcher.gpus", "check", "TP")):
+    for site in (("launcher.apply.api_key_file", "key_of_run", "API_KEY_FILE"),
+                 ("launcher.apply.serve", "scan_problem", "MODEL"),
+                 ("launcher.apply.serve", "read_base_lock", "Refused"),
+                 ("launcher.apply.serve", "token_refusal", "HF_TOKEN_FILE"),
+                 ("launcher.plan.gpus", "judge", "TP")):
         assert site in real, site
-    assert ("launcher.checks", "_extra_args", "EXTRA_ARGS") in dry
-    assert ("launcher.gpus", "check", "TP") not in dry
+    assert ("launcher.plan.checks", "_extra_args", "EXTRA_ARGS") in dry
+    assert ("launcher.plan.gpus", "judge", "TP") not in dry
 
 
 def test_every_refusal_of_the_run_is_dry_runs_or_the_nodes():

@@ -4,17 +4,20 @@ runs the launcher's own serve argv with only the overrides the tier names."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
 import shutil
 import subprocess
+import sys
 import tarfile
 
 import pytest
 
 from tests.gpu import models
-from tests.gpu.engine import ADDED, OVERRIDES, served_argv, served_env
+from tests.gpu.engine import ADDED, OVERRIDES, REMAP, served_argv, served_env
+from tests.gpu.glm5next_engine import STANDIN
 from tests.gpu.payload import launcher_rank0
 
 
@@ -358,3 +361,47 @@ def test_part_d_refuses_without_part_fi_unless_bf16_kv_is_named(tmp_path):
                           env={**os.environ, "GLM53_GPU_PAYLOAD": str(root), "OUT": str(tmp_path)})
     assert done.returncode == 2, done.stderr
     assert "part fi is not installed here: send it first" in done.stderr
+
+
+# ----------------------------------------------------------------------------- the import hook
+
+
+def own_finders(source: str) -> list[str]:
+    """The classes a sitecustomize defines (an import finder of its own would be one)."""
+    return [node.name for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ClassDef)]
+
+
+def test_the_stand_in_and_the_remap_share_one_import_hook():
+    """tests/gpu/standin and tests/gpu/remap each install tests/gpu/edit_on_import.py's hook
+    and carry no finder of their own; a sitecustomize with its own is caught."""
+    for folder in (STANDIN, REMAP):
+        source = (folder / "sitecustomize.py").read_text()
+        assert "edit_on_import.py" in source and own_finders(source) == [], folder
+    assert own_finders("import importlib.abc\n"
+                       "class _Point(importlib.abc.MetaPathFinder):\n    pass\n") == ["_Point"]
+
+
+def test_the_remap_points_the_weight_groups_at_qwen3_at_first_import(tmp_path):
+    """tests/gpu/remap on a fake helper module: the groups and roots are Qwen3's once it is
+    imported, said on stderr, and the hook has left sys.meta_path (its one edit done)."""
+    loader = tmp_path / "fake" / "vllm" / "model_executor" / "model_loader"
+    loader.mkdir(parents=True)
+    for folder in (loader, *loader.parents):
+        if folder == tmp_path / "fake":
+            break
+        (folder / "__init__.py").write_text("")
+    (loader / "glm53_weight_groups.py").write_text(
+        "GROUPS = {'kda_in': ('KimiDeltaAttention', ('in_proj',))}\n"
+        "TARGET_ROOTS = ('Glm5NextForCausalLM',)\n")
+    probe = ("import sys\n"
+             "from vllm.model_executor.model_loader.glm53_weight_groups import (GROUPS,\n"
+             "                                                                  TARGET_ROOTS)\n"
+             "hooks = [type(f).__name__ for f in sys.meta_path]\n"
+             "print(sorted(GROUPS), TARGET_ROOTS[0], [h for h in hooks if h == 'EditOnImport'])\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REMAP), str(tmp_path / "fake")])}
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[0] == "['attn', 'lm_head', 'mlp'] Qwen3ForCausalLM []"
+    assert ("gpu tier: vllm.model_executor.model_loader.glm53_weight_groups groups pointed at "
+            "['attn', 'lm_head', 'mlp'] of ('Qwen3ForCausalLM',)") in done.stderr

@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 import subprocess
 
-from launcher import host_levers
+from launcher.apply import host_levers
+from launcher.plan import clock_record
 from tests.timing import HANG_GUARD_S
 from tests.unit.test_launcher_lifecycle import HEAD, WORKER, calls, make_cluster, serve
 from tests.unit.test_launcher_support import FAKE_SSH, REPO, launcher_env, run
@@ -27,7 +28,7 @@ def gpu_settings(tmp_path, gb_s="250"):
 
 
 def record(tmp_path):
-    return host_levers.read_record(str(tmp_path / "runs"))
+    return clock_record.read_record(str(tmp_path / "runs"))
 
 
 def stop(tmp_path, state, **settings):
@@ -90,7 +91,7 @@ def test_levers_at_start_then_doctor_platform_then_stop(tmp_path):
     assert stopped.returncode == 0, stopped.stderr
     assert [node_state(state, node)["clocks"] for node in ("head", WORKER)] == [None, None]
     assert f"glm53: GPU clocks on {WORKER}: reset (were locked at 2150,2150 MHz)" in stopped.stdout
-    assert not (tmp_path / "runs" / host_levers.RECORD).exists()
+    assert not (tmp_path / "runs" / clock_record.RECORD).exists()
 
 
 def test_a_start_that_fails_after_the_lock_resets_the_clocks(tmp_path):
@@ -155,7 +156,7 @@ def test_stop_dry_run_shows_the_reset_of_a_record_a_crash_left(tmp_path):
 
 def test_a_record_that_cannot_be_read_stops_stop_in_one_line(tmp_path):
     (tmp_path / "runs").mkdir()
-    (tmp_path / "runs" / host_levers.RECORD).write_text("{")
+    (tmp_path / "runs" / clock_record.RECORD).write_text("{")
     result = run(tmp_path, script="stop.sh", RUNS_DIR=tmp_path / "runs")
     assert result.returncode == 1
     assert result.stderr.startswith(f"glm53: cannot read {tmp_path}/runs/gpu-clocks.json (the "

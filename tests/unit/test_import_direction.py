@@ -50,9 +50,9 @@ def imports_of(module: str, source: str, known: set[str]) -> set[str]:
     return (found & known) - {"recipekit", module}
 
 
-def user_imports(source: str) -> set[str]:
-    """The modules of recipekit's USERS that SOURCE imports, statically or by a constant
-    name given to importlib.import_module or __import__."""
+def user_imports(source: str, users: tuple[str, ...] = USERS) -> set[str]:
+    """The modules of USERS (recipekit's, unless given) that SOURCE imports, statically or by
+    a constant name given to importlib.import_module or __import__."""
     found: set[str] = set()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
@@ -64,7 +64,7 @@ def user_imports(source: str) -> set[str]:
               and (getattr(node.func, "attr", None) == "import_module"
                    or getattr(node.func, "id", None) == "__import__")):
             found.add(node.args[0].value)
-    return {name for name in found if name.split(".")[0] in USERS}
+    return {name for name in found if name.split(".")[0] in users}
 
 
 def arrows_back_up(sources: dict[str, str]) -> list[str]:
@@ -164,16 +164,20 @@ def test_the_check_catches_an_upward_import_and_a_cycle():
     assert cycles({"recipekit.tree": {"recipekit.verify"}, "recipekit.verify": {"recipekit.tree"}})
 
 
-def launcher_sources() -> dict[str, str]:
+def package_sources(package: str) -> dict[str, str]:
     return {module_name(path): path.read_text(encoding="utf-8")
-            for path in sorted((REPO_ROOT / "launcher").rglob("*.py"))}
+            for path in sorted((REPO_ROOT / package).rglob("*.py"))}
+
+
+def launcher_sources() -> dict[str, str]:
+    return package_sources("launcher")
 
 
 def test_the_launcher_imports_nothing_of_the_bench_or_the_tests():
     """The launcher runs with the standard library alone; scripts/compare runs bench/ as
     commands and reads their result files, so no import goes from launcher to bench."""
     sources = launcher_sources()
-    assert "launcher.compare.boot" in sources
+    assert "launcher.apply.serve" in sources
     found = sorted(f"{module} imports {target}" for module, source in sources.items()
                    for target in user_imports(source) if target.split(".")[0] in ("bench", "tests"))
     assert found == []
@@ -222,3 +226,48 @@ def test_the_probe_check_catches_a_family_importing_another_or_the_command():
         "bench.probing.verdict imports bench.probes"]
     assert probe_arrows({"bench.probing.runner":
                          "from bench.probing.serving import probe_needle\n"}) == []
+
+
+# scripts/compare (compare/) boots the launcher and runs the bench, so it stands above both:
+# nothing under launcher/ or bench/ imports it (the circle launcher/compare/sides.py ->
+# launcher/cli.py -> launcher/compare/ is gone), and it reads the settings through
+# launcher/plan/load.py, never through the launcher's command line.
+CLI_ENTRY = ("launcher.cli", "launcher.entry")
+
+
+def arrows_into_compare(sources: dict[str, str]) -> list[str]:
+    return sorted(f"{module} imports {target}" for module, source in sources.items()
+                  for target in user_imports(source, ("compare",)))
+
+
+def arrows_into_the_cli(sources: dict[str, str]) -> list[str]:
+    return sorted(f"{module} imports {target}" for module, source in sources.items()
+                  for target in user_imports(source, ("launcher",))
+                  if any(target == entry or target.startswith(entry + ".") for entry in CLI_ENTRY))
+
+
+def test_nothing_under_the_launcher_or_the_bench_imports_compare():
+    sources = {**package_sources("launcher"), **package_sources("bench")}
+    assert "launcher.plan.load" in sources and "bench.probes" in sources
+    assert arrows_into_compare(sources) == []
+
+
+def test_compare_reads_the_settings_without_the_launchers_command_line():
+    sources = package_sources("compare")
+    assert "compare.sides" in sources
+    imported = {target for source in sources.values()
+                for target in user_imports(source, ("launcher",))}
+    assert "launcher.plan.load" in imported
+    assert arrows_into_the_cli(sources) == []
+
+
+def test_the_checks_catch_the_old_circle_in_every_spelling():
+    for source in ("from compare import sides\n", "import compare.boot\n",
+                   "def later():\n    from compare.command import main\n",
+                   "import importlib\nimportlib.import_module('compare.rundir')\n"):
+        assert arrows_into_compare({"launcher.cli": source}), source
+    assert arrows_into_compare({"bench.probes": "import comparison\nfrom bench import x\n"}) == []
+    for source in ("from launcher import cli\n", "from launcher.cli import load\n",
+                   "import launcher.entry\n"):
+        assert arrows_into_the_cli({"compare.sides": source}), source
+    assert arrows_into_the_cli({"compare.sides": "from launcher.plan import load\n"}) == []

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from launcher import scan_verdict
+from launcher.plan import scan_verdict
 from recipekit import recipe
 from tests.unit import synthetic_checkpoints as synthetic
 from tests.unit.test_launcher_lifecycle import (

@@ -25,4 +25,4 @@ def test_an_unknown_command_is_a_usage_error():
     result = subprocess.run([sys.executable, str(ENTRY), "serve"], capture_output=True,
                             text=True, timeout=HANG_GUARD_S, check=False)
     assert result.returncode == 64
-    assert result.stderr == "usage: launcher/entry.py run|stop|doctor|compare|self-check\n"
+    assert result.stderr == "usage: launcher/entry.py run|stop|doctor|self-check\n"

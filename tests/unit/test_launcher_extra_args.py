@@ -1,12 +1,12 @@
 """EXTRA_ARGS parsed by the serving image's vLLM parser before any rank starts
-(launcher/extra_args.py), against fake docker whose `docker run --rm` answers as the probe
+(launcher/plan/extra_args.py), against fake docker whose `docker run --rm` answers as the probe
 would: a rejected flag is refused in one line with nothing started; a parser that cannot be
 set up, or a probe that answers nothing, is a note and the run goes on. The probe itself
 meets vLLM 0.30.0's own parser in tests/vllm/test_extra_args_probe.py."""
 
 import json
 
-from launcher import extra_args
+from launcher.plan import commands, extra_args
 from tests.unit.test_launcher_lifecycle import make_cluster, serve, started
 from tests.unit.test_launcher_support import REPO, dry_run, sealed_bin
 
@@ -68,4 +68,4 @@ def test_dry_run_prints_the_parse_as_a_step_and_runs_it_not(tmp_path):
     stdout = dry_run(tmp_path, EXTRA_ARGS="--root-path '/a b'")
     assert ("docker run --rm --network none --entrypoint python3 glm53-sm121-v13 -c "
             "'<launcher/extra_args_probe.py>' '[\"--root-path\", \"/a b\"]'") in stdout.splitlines()
-    assert extra_args.argv("img", ["--x"])[-2] == extra_args.PROBE.read_text()
+    assert commands.extra_args_argv("img", ["--x"])[-2] == extra_args.PROBE.read_text()

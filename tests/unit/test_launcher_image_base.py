@@ -1,4 +1,4 @@
-"""The serving image's labels on the head (launcher/image_base.py): its base's vLLM release
+"""The serving image's labels on the head (launcher/plan/image_base.py): its base's vLLM release
 (`glm53.base.vllm`) and the layers that base provides (`glm53.provided`), read once before
 anything reaches a worker. A base of vLLM 0.34.0 or later refuses EXTRA_ENV's
 VLLM_USE_V2_MODEL_RUNNER=0 (that release removed the V1 model runner); the start-up line names
@@ -12,7 +12,8 @@ import json
 
 import pytest
 
-from launcher import cli, image_base, plan, serve as serving
+from launcher.plan import image_base, plan
+from launcher.plan.load import load
 from tests.unit.test_launcher_lifecycle import (
     HEAD,
     IMAGE,
@@ -149,11 +150,11 @@ def test_the_startup_line_names_what_the_base_provides_before_the_switches(tmp_p
 
 
 def planned_line(tmp_path, labels, **settings):
-    """The start-up line plan.build gives once a run read LABELS (as serving builds it)."""
-    checked = cli.load(launcher_env(tmp_path, **settings))
+    """The start-up line of the plan once a run read LABELS (as serving says it)."""
+    checked = load(launcher_env(tmp_path, **settings))
     base = image_base.parse(json.dumps(labels))
-    return plan.build(checked, serving.nodes_of(checked), REPO, image_id=IMAGE_ID,
-                      base=base).startup_line
+    the_plan = plan.build(checked, plan.nodes_of(checked), REPO).filled(image_id=IMAGE_ID)
+    return the_plan.startup.said(checked.drafter.phrase, image_base.startup_phrase(base))
 
 
 @pytest.mark.parametrize("labels, settings, image", [

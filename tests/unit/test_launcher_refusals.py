@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher import cli, plan, serve
-from launcher.settings import Refused
+from launcher.plan import plan
+from launcher.plan.load import load
+from launcher.plan.settings import Refused
 from recipekit import recipe
 from tests.unit.test_launcher_support import REPO, launcher_env, run
 
@@ -337,8 +338,8 @@ def test_bad_value_is_refused_in_one_line(tmp_path, settings, message):
 def core_refusal(tmp_path, **settings):
     """The refusal the Python core raises for SETTINGS (None when it accepts them)."""
     try:
-        checked = cli.load(launcher_env(tmp_path, **settings))
-        plan.build(checked, serve.nodes_of(checked), REPO)
+        checked = load(launcher_env(tmp_path, **settings))
+        plan.build(checked, plan.nodes_of(checked), REPO)
     except Refused as refused:
         return refused.line
     return None
@@ -383,7 +384,7 @@ def test_an_older_chain_image_is_accepted_with_its_levers_off(tmp_path):
     assert core_refusal(tmp_path, **rollback) is None
     assert core_refusal(tmp_path, PROFILE="seed-pr") is None
     unset = {**rollback, "ADAPTIVE_VERIFY": "", "FORCE_UNSAFE_WEIGHTS": "1"}
-    checked = cli.load(launcher_env(tmp_path, **unset))
+    checked = load(launcher_env(tmp_path, **unset))
     assert checked["ADAPTIVE_VERIFY"] == "0"
     result = run(tmp_path, **unset)
     assert result.returncode == 0, result.stderr
@@ -392,7 +393,7 @@ def test_an_older_chain_image_is_accepted_with_its_levers_off(tmp_path):
         "GLM53_DRAFT_WEIGHTS=bf16", "GLM53_FORCE_UNSAFE_WEIGHTS=1"}
     # The same unset ADAPTIVE_VERIFY on image v13 (or an image named otherwise) is on.
     for image in ("glm53-sm121-v13", "lab/my-serving-image:1"):
-        assert cli.load(launcher_env(tmp_path, **{**unset, "IMAGE": image}))["ADAPTIVE_VERIFY"] == "1"
+        assert load(launcher_env(tmp_path, **{**unset, "IMAGE": image}))["ADAPTIVE_VERIFY"] == "1"
 
 
 def test_forcing_a_stock_image_is_allowed(tmp_path):
@@ -429,12 +430,12 @@ def test_a_corrupt_pins_file_is_refused(tmp_path):
 
 
 def test_the_launchers_ring_is_the_images(monkeypatch):
-    """launcher/checks.py's ring formula equals the one image v13 runs (patches/v13)."""
+    """launcher/plan/checks.py's ring formula equals the one image v13 runs (patches/v13)."""
     import importlib.util
     import sys
     import types
 
-    from launcher.checks import kpool_ring
+    from launcher.plan.checks import kpool_ring
 
     torch = types.ModuleType("torch")  # the unit tier has no torch; only annotations name it
     torch.Tensor, torch.dtype = object, object

@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from launcher.remote import Nodes
-from launcher.words import quote
+from launcher.plan.nodes import Nodes
+from launcher.plan.words import quote
 from tests.timing import HANG_GUARD_S
 from tests.unit.test_launcher_support import FAKE_SSH, REPO
 

@@ -1,4 +1,4 @@
-"""run.sh's self-check once ready (launcher/selfcheck.py): one Korean answer judged by
+"""run.sh's self-check once ready (launcher/apply/selfcheck.py): one Korean answer judged by
 recipekit/text_integrity.py, one line; a fault warns, naming the likely cause, and the ranks
 keep running; SELF_CHECK=0 asks nothing. Against tests/fakes/fake_vllm.py (which answers a
 Korean question in every mode, its --answer-faults planted), alone and through a real
@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from launcher import selfcheck
+from launcher.apply import selfcheck
 from tests.compare_cluster import fake_model, fake_rank_command, make_cluster
 from tests.fakes import fake_vllm
 from tests.timing import HANG_GUARD_S

@@ -6,7 +6,7 @@ pass."""
 
 import pytest
 
-from launcher.user_settings import edit_distance, meant_knob
+from launcher.plan.user_settings import edit_distance, meant_knob
 from recipekit import recipe
 from tests.unit.test_launcher_support import run
 

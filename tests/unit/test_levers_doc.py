@@ -9,8 +9,8 @@ import tomllib
 
 import pytest
 
-from launcher import render
-from launcher.compare import sides
+from launcher.plan import render
+from compare import sides
 from recipekit import recipe
 from tests.unit.test_compare_sides import environ  # noqa: F401 (a fixture)
 from tests.unit.test_launcher_support import REPO

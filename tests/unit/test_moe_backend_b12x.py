@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from launcher import image_base
+from launcher.plan import image_base
 from recipekit import recipe, sm121_packages
 from tests.unit.test_launcher_image_base import labelled_cluster, quick_serve
 from tests.unit.test_launcher_lifecycle import IMAGE, containers, started

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from launcher import node_platform
+from launcher.plan import node_platform
 from launcher import platform_probe as probe
 from tests.timing import HANG_GUARD_S
 from tests.unit.test_launcher_support import REPO

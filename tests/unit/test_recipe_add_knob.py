@@ -6,8 +6,10 @@ import tomllib
 
 import pytest
 
-from launcher import cli, plan, render, serve, steps
-from launcher.settings import Refused
+from launcher.apply import steps
+from launcher.plan import plan, render
+from launcher.plan.load import load
+from launcher.plan.settings import Refused
 from recipekit import recipe
 from tests.unit.launcher_fixtures import PINNED, fixture, normalised
 from tests.unit.test_launcher_support import REPO, launcher_env, sealed_bin
@@ -31,8 +33,8 @@ def with_new_knobs():
 
 def dry_run_text(tmp_path, the_recipe, **settings):
     env = launcher_env(tmp_path, **settings)
-    checked = cli.load(env, the_recipe=the_recipe)
-    the_plan = plan.build(checked, serve.nodes_of(checked), REPO)
+    checked = load(env, the_recipe=the_recipe)
+    the_plan = plan.build(checked, plan.nodes_of(checked), REPO)
     return the_plan, normalised(steps.render(the_plan.launch.nodes, steps.run_steps(the_plan)),
                                 tmp_path)
 
@@ -76,7 +78,7 @@ def test_the_new_flag_is_passed_as_is(tmp_path):
 ])
 def test_the_new_knobs_are_checked(tmp_path, settings, line):
     with pytest.raises(Refused) as refused:
-        cli.load(launcher_env(tmp_path, **settings), the_recipe=with_new_knobs())
+        load(launcher_env(tmp_path, **settings), the_recipe=with_new_knobs())
     assert refused.value.line == line
 
 

@@ -10,7 +10,7 @@ import tomllib
 
 import pytest
 
-from launcher import render
+from launcher.plan import render
 from recipekit import recipe
 from tests.timing import HANG_GUARD_S
 from tests.unit.test_launcher_support import REPO

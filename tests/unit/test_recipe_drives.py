@@ -4,7 +4,8 @@ knob declares shows up on some rank."""
 
 import pytest
 
-from launcher import cli, plan, serve
+from launcher.plan import plan
+from launcher.plan.load import load
 from recipekit import recipe
 from tests.unit.test_launcher_support import REPO, launcher_env
 
@@ -19,8 +20,8 @@ SETTINGS = [
 
 
 def ranks(tmp_path, **settings):
-    checked = cli.load(launcher_env(tmp_path, **settings))
-    return plan.build(checked, serve.nodes_of(checked), REPO).ranks
+    checked = load(launcher_env(tmp_path, **settings))
+    return plan.build(checked, plan.nodes_of(checked), REPO).ranks
 
 
 def flags_of(rank):

@@ -17,7 +17,7 @@ import subprocess
 
 import pytest
 
-from launcher import image_base, render
+from launcher.plan import image_base, render
 from recipekit import recipe
 from tests.unit.test_launcher_support import REPO
 
@@ -150,9 +150,9 @@ def test_no_file_but_recipe_toml_defines_or_defaults_a_knob():
 # the home directory a leading ~/ stands for; the API key the self-check may read from the
 # environment (a secret: a knob's value is printed by DRY_RUN and the docs); VLLM_API_KEY:
 # rank 0's API key, from API_AUTH and API_KEY_FILE through `docker run --env-file`
-# (launcher/apikey.py), never an `--env` a knob declares; the engine variables whose EXTRA_ENV
-# value a base vLLM release no longer honours (launcher/image_base.py's RETIRED_ENV: refused
-# there, never read or set).
+# (launcher/apply/api_key_file.py), never an `--env` a knob declares; the engine variables
+# whose EXTRA_ENV value a base vLLM release no longer honours (launcher/plan/image_base.py's
+# RETIRED_ENV: refused there, never read or set).
 NOT_KNOBS = {"CLUSTER_ENV", "HOME", "OPENAI_API_KEY", "VLLM_API_KEY",
              *(entry.name for entry in image_base.RETIRED_ENV),
              # the platform probe's test seams, read inside a container (launcher/platform_probe.py)
@@ -165,7 +165,7 @@ def test_the_launcher_reads_no_setting_the_recipe_does_not_define():
     the_recipe = recipe.load()
     known = set(KNOBS) | set(the_recipe.env_owners()) | NOT_KNOBS
     named = set()
-    for path in sorted((REPO / "launcher").glob("*.py")):
+    for path in sorted((REPO / "launcher").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if (isinstance(node, ast.Constant) and isinstance(node.value, str)
                     and re.fullmatch(r"[A-Z][A-Z0-9]*(_[A-Z0-9]+)+|[A-Z]{3,}", node.value)):

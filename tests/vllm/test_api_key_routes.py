@@ -7,7 +7,7 @@ Each tree is patched by v8_api_key and its own FastAPI app is built on CPU
 app.routes lists, asked without the key, with a wrong one and with the key. The same app with
 vLLM's own __call__ (the decorator's __wrapped__) shows what the trees do without the layer:
 /invocations and /generative_scoring run without the key. The probe also lists each tree's
-`vllm serve` options, against which launcher/checks.py's SECRET_FLAGS is held.
+`vllm serve` options, against which launcher/plan/checks.py's SECRET_FLAGS is held.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import sys
 
 import pytest
 
-from launcher import apikey, checks
+from launcher.plan import apikey, checks
 from recipekit.layers import load_layer, run_layer
 from recipekit.layers.v8_api_key import HELPER_SOURCE, helper_of, middleware_files, open_paths
 from recipekit.tree import TreeView

@@ -10,7 +10,7 @@ from importlib import metadata
 
 import pytest
 
-from launcher import extra_args
+from launcher.plan import extra_args
 from tests.vllm.test_launcher_vllm_args import PARSE_PROBE
 
 HIDE_TORCHVISION = PARSE_PROBE.split("import vllm.platforms")[0]

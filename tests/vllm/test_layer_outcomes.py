@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 
-from launcher.render import LAYER_OUTCOMES
+from launcher.plan.render import LAYER_OUTCOMES
 from recipekit.flashinfer_sources import flashinfer_tree
 from recipekit.layers import PATCHERS, load_layer, run_layer
 from recipekit.vllm_sources import known_trees

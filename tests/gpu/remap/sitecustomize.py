@@ -5,10 +5,11 @@ Qwen3 classes that hold the same kinds of linears, once the helper module is imp
 swap itself (quantize, pack, vLLM's scheme, the Marlin repack, the engine's forward and CUDA
 graphs) runs unchanged in a real CUDA engine."""
 
-import importlib.abc
 import importlib.util
+import os
 import sys
 
+HERE = os.path.dirname(os.path.abspath(__file__))
 HELPER = "vllm.model_executor.model_loader.glm53_weight_groups"
 GROUPS = {
     "attn": ("Qwen3Attention", ("qkv_proj", "o_proj")),
@@ -18,23 +19,20 @@ GROUPS = {
 ROOTS = ("Qwen3ForCausalLM",)
 
 
-class _PointGroupsAtQwen3(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name != HELPER:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        run_module = spec.loader.exec_module
-
-        def exec_module(module):
-            run_module(module)
-            module.GROUPS = GROUPS
-            module.TARGET_ROOTS = ROOTS
-            print(f"gpu tier: {HELPER} groups pointed at {sorted(GROUPS)} of {ROOTS}",
-                  file=sys.stderr, flush=True)
-
-        spec.loader.exec_module = exec_module
-        return spec
+def _edit_on_import():
+    """tests/gpu/edit_on_import.py (the GPU tier's one import hook), from its file."""
+    spec = importlib.util.spec_from_file_location(
+        "gpu_edit_on_import", os.path.join(HERE, os.pardir, "edit_on_import.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-sys.meta_path.insert(0, _PointGroupsAtQwen3())
+def point_groups_at_qwen3(module) -> None:
+    module.GROUPS = GROUPS
+    module.TARGET_ROOTS = ROOTS
+    print(f"gpu tier: {HELPER} groups pointed at {sorted(GROUPS)} of {ROOTS}", file=sys.stderr,
+          flush=True)
+
+
+_edit_on_import().install({HELPER: point_groups_at_qwen3})

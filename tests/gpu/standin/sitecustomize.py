@@ -14,12 +14,22 @@ Two hooks of tests/gpu/engine_hooks.py are installed only where a server's envir
 GPU_TIER_STOCK_MOE=1 (stock vLLM's MoE scale reading) and GPU_TIER_AUX_DUMP=FILE (the drafter's
 auxiliary hidden states saved once)."""
 
-import importlib.abc
 import importlib.util
 import os
-import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _edit_on_import():
+    """tests/gpu/edit_on_import.py (the GPU tier's one import hook), from its file."""
+    spec = importlib.util.spec_from_file_location(
+        "gpu_edit_on_import", os.path.join(HERE, os.pardir, "edit_on_import.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+hooks = _edit_on_import()
 # vLLM module -> (file beside this package, its function that takes the loaded module)
 REPLACEMENTS = {
     "vllm.utils.deep_gemm": ("mqa_logits_reference.py", "install"),
@@ -39,36 +49,9 @@ if os.environ.get("GPU_TIER_AUX_DUMP"):
         "engine_hooks.py", "dump_aux_hidden_states")
 
 
-def _load(file_name: str):
-    spec = importlib.util.spec_from_file_location(
-        "gpu_" + file_name.removesuffix(".py"), os.path.join(HERE, os.pardir, file_name))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _replacement(file_name: str, function: str):
+    """The edit that hands the module to FUNCTION of FILE_NAME, loaded when it is needed."""
+    return lambda module: getattr(hooks.beside(file_name), function)(module)
 
 
-class _ReplaceOnImport(importlib.abc.MetaPathFinder):
-    def __init__(self, pending: dict):
-        self.pending = dict(pending)
-
-    def find_spec(self, name, path, target=None):
-        if name not in self.pending:
-            return None
-        file_name, function = self.pending.pop(name)
-        sys.meta_path.remove(self)
-        try:
-            spec = importlib.util.find_spec(name)
-        finally:
-            if self.pending:
-                sys.meta_path.insert(0, self)
-        run_module = spec.loader.exec_module
-
-        def exec_module(module):
-            run_module(module)
-            getattr(_load(file_name), function)(module)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
-sys.meta_path.insert(0, _ReplaceOnImport(REPLACEMENTS))
+hooks.install({name: _replacement(*replacement) for name, replacement in REPLACEMENTS.items()})
