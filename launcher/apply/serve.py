@@ -159,6 +159,11 @@ def judge_scan(the_plan: Plan, scanned: subprocess.CompletedProcess, where: str,
     does not correct, refused (said loudly with CHECKPOINT_SCAN=warn). Returns the summary."""
     checked = the_plan.launch.checked
     image = checked["IMAGE"]
+    if scanned.returncode == scan_verdict.REFUSED:  # a damaged checkpoint: warn cannot boot it
+        problem, accepted = scan_verdict.failure(image, scanned.returncode, scanned.stderr, where)
+        raise refusal("MODEL", checked["MODEL"], f"{problem}; accepted: {accepted} "
+                      "(CHECKPOINT_SCAN=warn does not boot it: vLLM would serve that part from "
+                      "uninitialised memory)")
     if scanned.returncode != 0:
         scan_problem(checked, *scan_verdict.failure(image, scanned.returncode, scanned.stderr,
                                                     where))

@@ -180,7 +180,12 @@ def test_a_checkpoint_the_scan_refuses_is_refused_in_one_line(tmp_path):
         "with an uninitialised global scale (torch.empty): re-download the checkpoint, or use "
         "one exported with every half's global scale), whatever the image; accepted: a "
         "checkpoint whose fused halves each have a finite, positive global scale (re-download "
-        "it, or use one exported with them)"]
+        "it, or use one exported with them) (CHECKPOINT_SCAN=warn does not boot it: vLLM would "
+        "serve that part from uninitialised memory)"]
+    assert started(state) == []
+    # warn boots what the image would serve off by a ratio, never a damaged checkpoint
+    warned = serve_local(tmp_path, state, model, CHECKPOINT_SCAN="warn")
+    assert (warned.returncode, warned.stderr.splitlines()) == (2, result.stderr.splitlines())
     assert started(state) == []
 
 
