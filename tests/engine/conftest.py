@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine import multibyte_models, tiny_models
+from tests.engine import engine_server, multibyte_models, tiny_models
 from tests.engine.engine_env import EngineVenv, engine_venv
 from tests.engine.engine_server import EngineServer
 
@@ -234,3 +234,49 @@ def server_multibyte_clean(fleet) -> EngineServer:
 @pytest.fixture(scope="session")
 def server_multibyte_corrupt(fleet) -> EngineServer:
     return fleet.get("multibyte_corrupt")
+
+
+# Where the tier's wall goes, per test file: its tests' setup, call and teardown summed, and
+# how much of that its process spent waiting for engines to come up (EngineServer's waits,
+# and the boots run.sh and scripts/compare report). Filled from every test's report, so under
+# xdist the controller sees the workers' numbers.
+BOOT_PROPERTY = "engine_ready_waits"
+_FILE_SECONDS: dict[str, float] = {}
+_FILE_WAITS: dict[str, list[tuple[str, float, float]]] = {}
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if engine_server.READY_WAITS:
+        report.user_properties.append((BOOT_PROPERTY, list(engine_server.READY_WAITS)))
+        engine_server.READY_WAITS.clear()
+    return report
+
+
+def pytest_runtest_logreport(report):
+    file = report.nodeid.split("::", 1)[0]
+    if not file.startswith("tests/engine/"):
+        return
+    _FILE_SECONDS[file] = _FILE_SECONDS.get(file, 0.0) + report.duration
+    for name, value in report.user_properties:
+        if name == BOOT_PROPERTY:
+            _FILE_WAITS.setdefault(file, []).extend(tuple(wait) for wait in value)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _FILE_SECONDS:
+        return
+    terminalreporter.section("engine boots per file")
+    terminalreporter.write_line(f"{'file':34} {'wall s':>7} {'boots':>5} {'waiting s':>9} "
+                                f"{'rest s':>7}  boots' start to ready, s")
+    total = waited_total = 0.0
+    for file, seconds in sorted(_FILE_SECONDS.items(), key=lambda entry: -entry[1]):
+        waits = _FILE_WAITS.get(file, [])
+        waited = sum(wait for _, wait, _ in waits)
+        total, waited_total = total + seconds, waited_total + waited
+        ready = " ".join(f"{name} {ready:.0f}" for name, _, ready in waits)
+        terminalreporter.write_line(f"{Path(file).name:34} {seconds:7.0f} {len(waits):5d} "
+                                    f"{waited:9.0f} {seconds - waited:7.0f}  {ready}")
+    terminalreporter.write_line(f"{'all':34} {total:7.0f} {'':5} {waited_total:9.0f} "
+                                f"{total - waited_total:7.0f}")

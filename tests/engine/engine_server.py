@@ -28,6 +28,15 @@ from tests.engine.cache import progress
 from tests.engine.engine_env import EngineVenv
 
 LOG_TAIL_LINES = 40
+# This process's waits for servers to answer, (name, seconds the caller waited, seconds from
+# the server's start to its answer), in order: tests/engine/conftest.py moves them onto the
+# test's report, and the run's end tells per test file how much of its wall was boots.
+READY_WAITS: list[tuple[str, float, float]] = []
+
+
+def note_ready(name: str, waited_s: float, ready_s: float) -> None:
+    """A boot this process waited on that no EngineServer here started (run.sh's, compare's)."""
+    READY_WAITS.append((name, waited_s, ready_s))
 
 
 class EngineStartError(RuntimeError):
@@ -103,6 +112,7 @@ class EngineServer:
 
     def wait_ready(self) -> EngineServer:
         assert self.process is not None and self.started_at is not None, "start() first"
+        entered = time.monotonic()
         deadline = self.started_at + self.ready_timeout
         while True:
             if self.process.poll() is not None:
@@ -113,6 +123,7 @@ class EngineServer:
             if models is not None:
                 self.served_models = models
                 self.ready_s = time.monotonic() - self.started_at
+                note_ready(self.name, time.monotonic() - entered, self.ready_s)
                 progress(f"engine {self.name}: ready after {self.ready_s:.0f} s")
                 return self
             if time.monotonic() > deadline:

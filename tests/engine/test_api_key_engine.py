@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 
@@ -24,6 +25,7 @@ import pytest
 
 from tests.compare_cluster import make_cluster
 from tests.engine.cache import engine_cache_root
+from tests.engine.engine_server import note_ready
 from tests.unit.test_launcher_support import REPO
 
 pytestmark = pytest.mark.timeout(1800)
@@ -53,8 +55,10 @@ def keyed(engine, models, tmp_path_factory):
         READY_TIMEOUT=RUN_GUARD_S, PYTHONPATH=REPO, ENGINE_RANK_VENV=engine.path,
         ENGINE_RANK_PATH=os.environ["PATH"], GLM53_ENGINE_CACHE=engine_cache_root())
     assert "API_AUTH" not in cluster.env  # the default: a key
+    begun = time.monotonic()
     started = subprocess.run([str(REPO / "run.sh")], env=cluster.env, cwd=tmp,
                              capture_output=True, text=True, timeout=RUN_GUARD_S, check=False)
+    note_ready("run.sh", time.monotonic() - begun, time.monotonic() - begun)
     try:
         yield cluster, started
     finally:
