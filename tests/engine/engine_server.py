@@ -62,6 +62,13 @@ def base_env(venv: EngineVenv) -> dict[str, str]:
         # side by side would all run on one core; one unbound thread each suits a tiny model
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",
         "OMP_NUM_THREADS": "1",
+        # vLLM's CPU platform turns the one-rank `uni` executor (vLLM's default for one rank,
+        # and TINY_SERVE_ARGS') into `mp` unless this is 0, so every boot spawned a worker
+        # apart from its engine core: one more interpreter importing torch and vLLM (about
+        # 13 s of CPU here), as a GPU's one rank does not. `vllm serve` still runs its engine
+        # core in a process of its own (the health tests kill it); explicit `mp` (the two
+        # ranks) is left as it is
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         # torch.compile and vLLM caches survive between runs, keyed by the venv
         "VLLM_CACHE_ROOT": str(compile_cache / "vllm"),
         "TORCHINDUCTOR_CACHE_DIR": str(compile_cache / "inductor"),
