@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine import engine_server, multibyte_models, tiny_models
+from tests.engine import engine_server, model_info, multibyte_models, tiny_models
 from tests.engine.engine_env import EngineVenv, engine_venv
 from tests.engine.engine_server import EngineServer
 
@@ -74,9 +74,15 @@ def models() -> TinyModels:
                       multibyte_corrupt=multibyte_models.corrupt_target_dir())
 
 
+# every tiny model of the tier's servers is one (tiny_models.py, multibyte_models.py)
+TINY_ARCHITECTURE = "Qwen3ForCausalLM"
+
+
 @pytest.fixture(scope="session")
 def engine() -> EngineVenv:
-    return engine_venv()
+    venv = engine_venv()
+    model_info.warm(venv, engine_server.base_env(venv), [TINY_ARCHITECTURE])
+    return venv
 
 
 def draft_model_args(drafter: Path, k: int = K) -> list[str]:
