@@ -191,10 +191,10 @@ FLEET_SCOPE = "fleet"
 # "Where the engine tier's time goes"): the controller hands the units out longest first, so
 # that no long one starts last beside an idle core. Only the order depends on these; a unit
 # not listed counts as DEFAULT_COST_S.
-SCOPE_COST_S = {FLEET_SCOPE: 1150, "test_dflash2_engine.py": 610, "test_compare_engine.py": 480,
-                "test_dflash2_sampling_engine.py": 390, "test_adaptive_verify_engine.py": 300,
-                "test_launcher_two_ranks.py": 200, "test_health_engine.py": 105,
-                "test_api_key_engine.py": 85}
+SCOPE_COST_S = {FLEET_SCOPE: 600, "test_compare_engine.py": 440,
+                "test_dflash2_sampling_engine.py": 400, "test_dflash2_engine.py": 295,
+                "test_launcher_two_ranks.py": 270, "test_adaptive_verify_engine.py": 220,
+                "test_health_engine.py": 70, "test_api_key_engine.py": 60}
 DEFAULT_COST_S = 60
 
 
