@@ -183,8 +183,8 @@ class Fleet:
 # controller schedules before any test is collected, so it reads this list; every worker
 # checks it against the tests' fixtures.
 FLEET_FILES = frozenset({"test_bench_engine.py", "test_launcher_engine.py", "test_models_engine.py",
-                         "test_probes_engine.py", "test_quality_engine.py", "test_receipts_engine.py",
-                         "test_turns_engine.py"})
+                         "test_probes_engine.py", "test_quality_engine.py",
+                         "test_receipts_engine.py", "test_turns_engine.py"})
 ENGINE_TIER = Path(__file__).resolve().parent
 FLEET_SCOPE = "fleet"
 # What each unit of scheduling costs one worker, in seconds, as measured (docs/tests.md,
