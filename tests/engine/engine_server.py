@@ -28,6 +28,15 @@ from tests.engine.cache import progress
 from tests.engine.engine_env import EngineVenv
 
 LOG_TAIL_LINES = 40
+# This process's waits for servers to answer, (name, seconds the caller waited, seconds from
+# the server's start to its answer), in order: tests/engine/conftest.py moves them onto the
+# test's report, and the run's end tells per test file how much of its wall was boots.
+READY_WAITS: list[tuple[str, float, float]] = []
+
+
+def note_ready(name: str, waited_s: float, ready_s: float) -> None:
+    """A boot this process waited on that no EngineServer here started (run.sh's, compare's)."""
+    READY_WAITS.append((name, waited_s, ready_s))
 
 
 class EngineStartError(RuntimeError):
@@ -53,6 +62,13 @@ def base_env(venv: EngineVenv) -> dict[str, str]:
         # side by side would all run on one core; one unbound thread each suits a tiny model
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",
         "OMP_NUM_THREADS": "1",
+        # vLLM's CPU platform turns the one-rank `uni` executor (vLLM's default for one rank,
+        # and TINY_SERVE_ARGS') into `mp` unless this is 0, so every boot spawned a worker
+        # apart from its engine core: one more interpreter importing torch and vLLM (about
+        # 13 s of CPU here), as a GPU's one rank does not. `vllm serve` still runs its engine
+        # core in a process of its own (the health tests kill it); explicit `mp` (the two
+        # ranks) is left as it is
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         # torch.compile and vLLM caches survive between runs, keyed by the venv
         "VLLM_CACHE_ROOT": str(compile_cache / "vllm"),
         "TORCHINDUCTOR_CACHE_DIR": str(compile_cache / "inductor"),
@@ -103,6 +119,7 @@ class EngineServer:
 
     def wait_ready(self) -> EngineServer:
         assert self.process is not None and self.started_at is not None, "start() first"
+        entered = time.monotonic()
         deadline = self.started_at + self.ready_timeout
         while True:
             if self.process.poll() is not None:
@@ -113,6 +130,7 @@ class EngineServer:
             if models is not None:
                 self.served_models = models
                 self.ready_s = time.monotonic() - self.started_at
+                note_ready(self.name, time.monotonic() - entered, self.ready_s)
                 progress(f"engine {self.name}: ready after {self.ready_s:.0f} s")
                 return self
             if time.monotonic() > deadline:

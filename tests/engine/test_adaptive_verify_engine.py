@@ -26,7 +26,7 @@ from tests.engine.dflash2_env import dflash2_overlay
 from tests.engine.engine_client import greedy_ids, spec_counters
 from tests.engine.engine_env import engine_venv
 from tests.engine.engine_server import EngineServer, start_all
-from tests.engine.test_dflash2_engine import IN_PROCESS, MAX_TOKENS, PROMPTS, SERVE_ARGS, _growth
+from tests.engine.test_dflash2_engine import MAX_TOKENS, PROMPTS, SERVE_ARGS, _growth
 
 SETTINGS = {
     "off": {},
@@ -56,7 +56,7 @@ def answers(overlay, models, tmp_path_factory) -> dict[str, list[dict]]:
         "method": "dflash", "model": str(drafter), "num_speculative_tokens": dflash2_models.K})]
     running = start_all([
         EngineServer(overlay.venv, target, [*SERVE_ARGS, *speculative],
-                     env={**overlay.env(), **IN_PROCESS, **switches}, name=name, log_dir=logs)
+                     env={**overlay.env(), **switches}, name=name, log_dir=logs)
         for name, switches in SETTINGS.items()])
     try:
         out = {}

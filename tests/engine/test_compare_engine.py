@@ -36,6 +36,7 @@ import pytest
 
 from tests.compare_cluster import Cluster, make_cluster, report_of
 from tests.engine.cache import engine_cache_root, progress
+from tests.engine.engine_server import note_ready
 from tests.engine.test_quality_engine import int8_model_dir
 from tests.unit.test_launcher_support import REPO
 
@@ -72,12 +73,28 @@ def timed(cluster: Cluster, *args: str):
     return result, time.monotonic() - started
 
 
+def note_boots(out) -> None:
+    """The boots a run of compare made (not those it copied, nor a resumed run's earlier
+    attempt), for the tier's boot summary."""
+    for record_file in sorted((out / "boots").glob("*/boot.json")):
+        record = json.loads(record_file.read_text())
+        seen = (out, record.get("started_at"))
+        if "boot_s" in record and "copied_from" not in record and seen not in NOTED:
+            NOTED.add(seen)
+            note_ready(f"{out.name}/{record_file.parent.name}", record["boot_s"],
+                       record["boot_s"])
+
+
+NOTED: set = set()
+
+
 @pytest.fixture(scope="module")
 def aa_run(cluster):
     out = cluster.tmp / "aa"
     result, seconds = timed(cluster, "--reference", "", "--candidate", "", "--out", str(out),
                             *SIZES)
     progress(f"compare, identical candidate: {seconds:.0f} s\n{shown(result, out)}")
+    note_boots(out)
     return result, out
 
 
@@ -131,6 +148,7 @@ def killed_run(cluster, aa_run):
     process.wait(timeout=RUN_GUARD_S)
     text = "".join(lines)
     progress(f"compare, candidate killed: {time.monotonic() - started:.0f} s\n{shown(text, out)}")
+    note_boots(out)
     return process.returncode, text, out, killed
 
 
@@ -154,6 +172,7 @@ def test_a_candidate_that_flips_tokens_fails_with_the_gates_numbers(cluster, kil
     out = killed_run[2]
     result, seconds = timed(cluster, "--resume", str(out))
     progress(f"compare --resume, INT8 candidate: {seconds:.0f} s\n{shown(result, out)}")
+    note_boots(out)
     assert result.returncode == 1, shown(result, out)
     assert result.stdout.count("reusing the finished boot") == 2
     verdict = result.stdout.splitlines()[-1]
@@ -188,6 +207,7 @@ def fastest_run(cluster, aa_run):
     result, seconds = timed(cluster, "--reference", "", "--candidate", "PROFILE=field-fastest",
                             "--reference-from", str(aa_run[1]), "--out", str(out), *SIZES)
     progress(f"compare, PROFILE=field-fastest: {seconds:.0f} s\n{shown(result, out)}")
+    note_boots(out)
     return result, out
 
 

@@ -27,12 +27,12 @@ from tests.engine.engine_server import EngineServer, start_all
 
 MAX_TOKENS = 30
 PROMPTS = ["Count from 1 to 200", "the secret code word", "Python function"]
-# eager (no torch.compile), and engine core and worker in the API server's process: two
-# fewer interpreters importing torch and vLLM at start (about 15 s each here)
+# eager (no torch.compile), and the worker inside the engine core's process (with
+# engine_server.base_env's VLLM_ENABLE_V1_MULTIPROCESSING=0): one interpreter fewer
+# importing torch and vLLM at start
 SERVE_ARGS = ["--max-model-len", "1024", "--dtype", "float32", "--enforce-eager",
               "--kv-cache-memory-bytes", str(256 << 20), "--max-num-seqs", "4",
               "--distributed-executor-backend", "uni", "--served-model-name", "bigram-target"]
-IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +68,7 @@ def servers(overlays, models, tmp_path_factory):
         "dflash2-0.27.1+v9": (overlays["0.27.1+v9"], _speculative(drafter)),
     }
     running = start_all([EngineServer(overlay.venv, target, [*SERVE_ARGS, *extra],
-                                      env={**overlay.env(), **IN_PROCESS}, name=name,
+                                      env=overlay.env(), name=name,
                                       log_dir=logs)
                          for name, (overlay, extra) in specs.items()])
     yield {server.name: server for server in running}

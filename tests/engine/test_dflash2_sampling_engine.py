@@ -37,7 +37,7 @@ from tests.engine.dflash2_env import dflash2_overlay
 from tests.engine.engine_client import post_json, spec_counters
 from tests.engine.engine_env import engine_venv
 from tests.engine.engine_server import EngineServer, start_all
-from tests.engine.test_dflash2_engine import IN_PROCESS, SERVE_ARGS
+from tests.engine.test_dflash2_engine import SERVE_ARGS
 
 SEEDS = 400
 ALPHA = 0.001
@@ -113,7 +113,7 @@ def sampled(target, tmp_path_factory):
         "draft_sample_method": "probabilistic"})]
     logs = tmp_path_factory.mktemp("dflash2-sampling-logs")
     servers = start_all([EngineServer(salted.venv, target, [*SERVE_ARGS, *extra],
-                                      env={**salted.env(), **IN_PROCESS}, name=name,
+                                      env=salted.env(), name=name,
                                       log_dir=logs)
                          for name, extra in (("undrafted", []), ("drafted", probabilistic))])
     try:

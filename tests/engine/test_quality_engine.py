@@ -18,7 +18,7 @@ import pytest
 
 from tests.engine import tiny_models
 from tests.engine.cache import cached_dir, content_key, progress
-from tests.engine.conftest import ENGINE_NICENESS, TINY_SERVE_ARGS
+from tests.engine.conftest import PLAIN_EXTRA, EngineSpec
 from tests.engine.engine_server import EngineServer
 from tests.engine.float64_kl import expected_kls
 
@@ -81,8 +81,13 @@ def int8_model_dir() -> Path:
 
 
 def serve(engine, model: Path, name: str, log_dir: Path) -> EngineServer:
-    return EngineServer(engine, model, [*TINY_SERVE_ARGS, "--served-model-name", "tiny-target"],
-                        name=name, log_dir=log_dir, niceness=ENGINE_NICENESS).start()
+    """A boot of MODEL of its own, with the argv and environment of the fleet's plain server
+    (boot A)."""
+    return plain_spec_of(model).server(engine, name, log_dir).start()
+
+
+def plain_spec_of(model: Path) -> EngineSpec:
+    return EngineSpec(model, "tiny-target", PLAIN_EXTRA)
 
 
 def float64_logprobs(engine, models: list[Path], record: dict, tmp_path: Path) -> dict:
@@ -100,14 +105,18 @@ def float64_logprobs(engine, models: list[Path], record: dict, tmp_path: Path) -
 
 
 @pytest.fixture(scope="module")
-def gate_run(engine, tmp_path_factory):
-    """Boot A records, boot B measures the band; the INT8 candidate is gated."""
+def gate_run(engine, fleet, tmp_path_factory):
+    """Boot A records, boot B measures the band; the INT8 candidate is gated. Boot A is the
+    fleet's plain server, a boot of the same target with the same argv and environment as
+    B, shared with the bench, receipts and probes tests: every request of bench/quality.py
+    carries a cache salt of its own, so nothing their requests left in the prefix cache can
+    serve it. B (the second boot the band needs) and the candidate are boots of their own."""
     tmp = tmp_path_factory.mktemp("quality")
     target, int8 = tiny_models.target_dir(), int8_model_dir()
-    servers = [serve(engine, target, "quality-a", tmp), serve(engine, target, "quality-b", tmp),
-               serve(engine, int8, "quality-int8", tmp)]
+    servers = [serve(engine, target, "quality-b", tmp), serve(engine, int8, "quality-int8", tmp)]
     try:
-        boot_a, boot_b, cand = (s.wait_ready() for s in servers)
+        boot_a = fleet.serve(plain_spec_of(target))
+        boot_b, cand = (s.wait_ready() for s in servers)
         code, record, ref, out = quality(tmp, "ref", "record", "--url", boot_a.url,
                                          "--max-tokens", str(MAX_TOKENS), "--top-n", str(TOP_N),
                                          "--needle-words", str(NEEDLE_WORDS))
@@ -140,12 +149,19 @@ def test_two_boots_of_the_target_pass(gate_run):
     assert gate["overall"]["positions"] == MAX_TOKENS * 4
 
 
-def test_int8_candidate_has_the_float64_kl_and_fails_beyond_the_band(gate_run, engine):
+@pytest.fixture(scope="module")
+def float64(gate_run, engine) -> dict:
+    """The target's and the INT8 candidate's float64 logprobs (and the target's hidden
+    states) on the record's tokens, computed once for both tests that read them."""
+    return float64_logprobs(engine, [gate_run["target"], gate_run["int8_dir"]],
+                            gate_run["record"], gate_run["tmp"])
+
+
+def test_int8_candidate_has_the_float64_kl_and_fails_beyond_the_band(gate_run, float64):
     code, gate, _, out = gate_run["int8"]
     assert code == 1 and not gate["passed"], out
     record = gate_run["record"]
-    f64 = float64_logprobs(engine, [gate_run["target"], gate_run["int8_dir"]], record,
-                           gate_run["tmp"])
+    f64 = float64
     all_coarse, all_full = [], []
     for index, prompt in enumerate(record["prompts"]):
         coarse, full = expected_kls(f64["logprobs"][gate_run["target"]][index],
@@ -165,10 +181,10 @@ def test_int8_candidate_has_the_float64_kl_and_fails_beyond_the_band(gate_run, e
              f"{gate['overall']['top1_agreement']:.4f}")
 
 
-def test_a_flip_at_the_closest_call_is_reported_as_a_near_tie(gate_run, engine):
+def test_a_flip_at_the_closest_call_is_reported_as_a_near_tie(gate_run, float64, engine):
     record, tmp = gate_run["record"], gate_run["tmp"]
     target = gate_run["target"]
-    f64 = float64_logprobs(engine, [target], record, tmp)
+    f64 = float64
     # the reference's closest call: the smallest float64 top-2 margin on its own tokens
     calls = []
     for index, rows in enumerate(f64["logprobs"][target]):
