@@ -15,7 +15,7 @@ import pytest
 
 from tests.engine import engine_server, model_info, multibyte_models, tiny_models
 from tests.engine.engine_env import EngineVenv, engine_venv
-from tests.engine.engine_server import EngineServer
+from tests.engine.engine_server import EngineServer, EngineSpec
 
 # Engines run at the test's own priority. At nice 19 they yielded the CPU to the bench and
 # the relay that time their streams, but beside a CPU hog at nice 0 they then got about 1%
@@ -95,48 +95,36 @@ def draft_model_args(drafter: Path, k: int = K) -> list[str]:
 PLAIN_EXTRA = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
 
 
-@dataclass(frozen=True)
-class EngineSpec:
-    """A tier server of the engine venv: MODEL served as SERVED with TINY_SERVE_ARGS, then
-    EXTRA, in ENV (over engine_server.base_env). The fleet keys its servers by it: tests
-    asking for equal specs share one server."""
-    model: Path
-    served: str
-    extra: tuple[str, ...] = ()
-    env: tuple[tuple[str, str], ...] = ()
-
-    def args(self) -> list[str]:
-        return [*TINY_SERVE_ARGS, "--served-model-name", self.served, *self.extra]
-
-    def server(self, venv: EngineVenv, name: str, log_dir: Path, **options) -> EngineServer:
-        """A server of this spec of its own (not started)."""
-        return EngineServer(venv, self.model, self.args(), dict(self.env), name=name,
-                            log_dir=log_dir, niceness=ENGINE_NICENESS, **options)
+def tiny_spec(model: Path, served: str, *extra: str) -> EngineSpec:
+    """A tier server: MODEL served as SERVED with TINY_SERVE_ARGS, then EXTRA."""
+    return EngineSpec(model, (*TINY_SERVE_ARGS, "--served-model-name", served, *extra))
 
 
-def plain_spec(models: TinyModels) -> EngineSpec:
-    return EngineSpec(models.target, "tiny-target", PLAIN_EXTRA)
+def plain_spec(model: Path) -> EngineSpec:
+    """MODEL served as the fleet's plain server serves the target."""
+    return tiny_spec(model, "tiny-target", *PLAIN_EXTRA)
 
 
 def server_specs(models: TinyModels) -> dict[str, EngineSpec]:
     """The fleet's servers by the names of their fixtures (`server_NAME`)."""
     return {
-        "plain": plain_spec(models),
-        "oracle": EngineSpec(models.target, "tiny-target",
-                             tuple(draft_model_args(models.oracle_drafter()))),
-        "blind": EngineSpec(models.target, "tiny-target",
-                            tuple(draft_model_args(models.blind_drafter))),
-        "other": EngineSpec(models.other, "tiny-other"),
+        "plain": plain_spec(models.target),
+        "oracle": tiny_spec(models.target, "tiny-target",
+                            *draft_model_args(models.oracle_drafter())),
+        "blind": tiny_spec(models.target, "tiny-target", *draft_model_args(models.blind_drafter)),
+        "other": tiny_spec(models.other, "tiny-other"),
         # the multibyte probe's truth: a clean and a corrupting target (multibyte_models.py)
-        "multibyte_clean": EngineSpec(models.multibyte_clean, "tiny-multibyte-clean"),
-        "multibyte_corrupt": EngineSpec(models.multibyte_corrupt, "tiny-multibyte-corrupt"),
+        "multibyte_clean": tiny_spec(models.multibyte_clean, "tiny-multibyte-clean"),
+        "multibyte_corrupt": tiny_spec(models.multibyte_corrupt, "tiny-multibyte-corrupt"),
     }
 
 
 class Fleet:
     """The session's shared servers, one per EngineSpec: those the collected tests name
     (`server_NAME` fixtures) start together on first use; a spec asked for by `serve` starts
-    then; `stop_all` stops every one."""
+    then; `stop_all` stops every one. (EngineSpec lives in engine_server.py, not here: pytest
+    imports this file as `conftest` and a test's `from tests.engine.conftest import` makes a
+    second copy, whose classes are other classes, so its specs would never be equal.)"""
 
     def __init__(self, venv: EngineVenv, models: TinyModels, wanted: set[str], log_dir: Path):
         self.venv, self.log_dir = venv, log_dir
@@ -147,7 +135,8 @@ class Fleet:
 
     def _server(self, spec: EngineSpec, name: str) -> EngineServer:
         if spec not in self.servers:
-            self.servers[spec] = spec.server(self.venv, name, self.log_dir).start()
+            self.servers[spec] = spec.server(self.venv, name, self.log_dir,
+                                             niceness=ENGINE_NICENESS).start()
         return self.servers[spec]
 
     def get(self, name: str) -> EngineServer:
@@ -304,7 +293,7 @@ def server_multibyte_corrupt(fleet) -> EngineServer:
     return fleet.get("multibyte_corrupt")
 
 
-# Where the tier's wall goes, per test file: its tests' setup, call and teardown summed, and
+# Where the tier's time goes, per test file: its tests' setup, call and teardown summed, and
 # how much of that its process spent waiting for engines to come up (EngineServer's waits,
 # and the boots run.sh and scripts/compare report). Filled from every test's report, so under
 # xdist the controller sees the workers' numbers.
@@ -336,7 +325,7 @@ def pytest_terminal_summary(terminalreporter):
     if not _FILE_SECONDS:
         return
     terminalreporter.section("engine boots per file")
-    terminalreporter.write_line(f"{'file':34} {'wall s':>7} {'boots':>5} {'waiting s':>9} "
+    terminalreporter.write_line(f"{'file':34} {'tests s':>7} {'boots':>5} {'waiting s':>9} "
                                 f"{'rest s':>7}  boots' start to ready, s")
     total = waited_total = 0.0
     for file, seconds in sorted(_FILE_SECONDS.items(), key=lambda entry: -entry[1]):

@@ -22,6 +22,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from tests.engine.cache import progress
@@ -37,6 +38,21 @@ READY_WAITS: list[tuple[str, float, float]] = []
 def note_ready(name: str, waited_s: float, ready_s: float) -> None:
     """A boot this process waited on that no EngineServer here started (run.sh's, compare's)."""
     READY_WAITS.append((name, waited_s, ready_s))
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What a `vllm serve` of a venv is: MODEL, the ARGS after it, and ENV over base_env. The
+    engine tier's fleet keys its shared servers by it (tests/engine/conftest.py): tests that
+    ask for equal specs get one server."""
+    model: Path
+    args: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
+
+    def server(self, venv: EngineVenv, name: str, log_dir: Path, **options) -> EngineServer:
+        """A server of this spec of its own (not started)."""
+        return EngineServer(venv, self.model, self.args, dict(self.env), name=name,
+                            log_dir=log_dir, **options)
 
 
 class EngineStartError(RuntimeError):

@@ -18,7 +18,7 @@ import pytest
 
 from tests.engine import tiny_models
 from tests.engine.cache import cached_dir, content_key, progress
-from tests.engine.conftest import PLAIN_EXTRA, EngineSpec
+from tests.engine.conftest import ENGINE_NICENESS, plain_spec
 from tests.engine.engine_server import EngineServer
 from tests.engine.float64_kl import expected_kls
 
@@ -83,11 +83,7 @@ def int8_model_dir() -> Path:
 def serve(engine, model: Path, name: str, log_dir: Path) -> EngineServer:
     """A boot of MODEL of its own, with the argv and environment of the fleet's plain server
     (boot A)."""
-    return plain_spec_of(model).server(engine, name, log_dir).start()
-
-
-def plain_spec_of(model: Path) -> EngineSpec:
-    return EngineSpec(model, "tiny-target", PLAIN_EXTRA)
+    return plain_spec(model).server(engine, name, log_dir, niceness=ENGINE_NICENESS).start()
 
 
 def float64_logprobs(engine, models: list[Path], record: dict, tmp_path: Path) -> dict:
@@ -115,7 +111,7 @@ def gate_run(engine, fleet, tmp_path_factory):
     target, int8 = tiny_models.target_dir(), int8_model_dir()
     servers = [serve(engine, target, "quality-b", tmp), serve(engine, int8, "quality-int8", tmp)]
     try:
-        boot_a = fleet.serve(plain_spec_of(target))
+        boot_a = fleet.serve(plain_spec(target))
         boot_b, cand = (s.wait_ready() for s in servers)
         code, record, ref, out = quality(tmp, "ref", "record", "--url", boot_a.url,
                                          "--max-tokens", str(MAX_TOKENS), "--top-n", str(TOP_N),
