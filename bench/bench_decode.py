@@ -341,6 +341,7 @@ async def _run_cell(client, url, model, phase, c, opts, bench_id, doc, progress)
         snapshots.append(after)
         figures = wave_figures(wave_records)
         wave = {"phase": phase, "concurrency": c, "run": run, "started_at": started,
+                "t0_monotonic_s": wave_t0,
                 **figures, "acceptance_length": (wave_accept["acceptance_length"]
                                                  if figures["per_stream_tok_s"] is not None
                                                  else None),

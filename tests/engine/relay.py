@@ -46,7 +46,8 @@ class RelayedStream:
 
     def figures(self) -> dict:
         """Token counts from the usage the server put in each event and its final usage;
-        decode rate over the span from the first token-bearing event to the last."""
+        decode rate over the span from the first token-bearing event to the last; when each
+        token-bearing event was read (time.perf_counter)."""
         stamps, cumulative, final_usage, every_chunk_has_usage = [], [], None, True
         for stamp, event in self.events():
             if event == "[DONE]":
@@ -68,7 +69,8 @@ class RelayedStream:
         return {"completion_tokens": completion, "decode_tokens": decode,
                 "first_chunk_tokens": cumulative[0] if cumulative else None,
                 "token_chunks": len(stamps), "every_chunk_has_usage": every_chunk_has_usage,
-                "span_s": span, "tok_s": decode / span if decode is not None and span else None}
+                "span_s": span, "tok_s": decode / span if decode is not None and span else None,
+                "token_chunk_stamps": stamps}
 
 
 class Relay:

@@ -21,11 +21,11 @@ from tests.engine.bench_checks import (
     check_undrafted,
     check_usage,
     counter,
+    streams,
 )
 from tests.engine.conftest import K
 from tests.engine.engine_server import EngineServer
 from tests.engine.relay import Relay, RelayedStream
-from tests.timing import Jitter
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # 1 + a whole number of (k+1)-token steps (no step cut short by max_tokens), and about 2 s
@@ -41,7 +41,6 @@ class BenchRun:
     relayed: list[RelayedStream]
     generated: float  # growth of the engine's vllm:generation_tokens over the run
     exit_code: int
-    jitter: Jitter    # this process's wake-up delays while the bench ran (tests/timing.py)
 
 
 def run_bench(server: EngineServer, tmp_path, args=BENCH_ARGS, in_process=False) -> BenchRun:
@@ -50,7 +49,7 @@ def run_bench(server: EngineServer, tmp_path, args=BENCH_ARGS, in_process=False)
     tmp_path.mkdir(parents=True, exist_ok=True)
     out = tmp_path / f"bench-{server.name}.json"
     before = counter(server.metrics_text(), "vllm:generation_tokens")
-    with Relay(server.url) as relay, Jitter() as jitter:
+    with Relay(server.url) as relay:
         argv = ["--url", relay.url, *args, "--json", str(out)]
         if in_process:
             code = bench_decode.main(argv)
@@ -59,7 +58,7 @@ def run_bench(server: EngineServer, tmp_path, args=BENCH_ARGS, in_process=False)
                                    *argv], capture_output=True, text=True, timeout=900,
                                   check=False).returncode
     after = counter(server.metrics_text(), "vllm:generation_tokens")
-    return BenchRun(json.loads(out.read_text()), relay.streams, after - before, code, jitter)
+    return BenchRun(json.loads(out.read_text()), relay.streams, after - before, code)
 
 
 @pytest.fixture(scope="module")
@@ -116,11 +115,26 @@ def test_completion_tokens_equal_the_servers_usage(bench_run):
 
 @BOTH
 def test_per_stream_tok_s_matches_a_second_client(bench_run):
-    """Within 1% per stream plus the read delays measured during the run (a reader
-    descheduled on a loaded 2-core machine reads a burst late: seen here under other jobs'
-    load, one stream 284% off), and the same decode tokens and chunks; judged once, with no
-    second try."""
-    assert check_against_relay(bench_run.doc, bench_run.relayed, bench_run.jitter) == []
+    """Within 1% per stream plus the bench's own read delays, measured chunk by chunk on
+    the clock the relay stamps, with no chunk stamped before it came; the same decode tokens
+    and chunks; judged once, with no second try."""
+    assert check_against_relay(bench_run.doc, bench_run.relayed) == []
+
+
+def test_a_bench_stamping_chunks_before_they_came_is_caught(server_oracle, tmp_path,
+                                                           monkeypatch):
+    """A planted bench whose stamps run 250 ms ahead of the chunks' arrival (as a bench timing
+    from when it asked rather than when it read would): the relay check names a chunk of
+    every stream (each would have to be read 250 ms late throughout to escape)."""
+    line = stream_client._StreamParse.line
+    monkeypatch.setattr(stream_client._StreamParse, "line",
+                        lambda self, text, now: line(self, text, now - 0.25))
+    run = run_bench(server_oracle, tmp_path, ["--phase", "structured", "--concurrency", "2",
+                                              "--runs", "1", "--max-tokens", "41", "--quiet"],
+                    in_process=True)
+    problems = check_against_relay(run.doc, run.relayed)
+    assert len(problems) == len(streams(run.doc)) == 2, problems
+    assert all("before the second client read it" in p for p in problems), problems
 
 
 def test_blind_drafter_is_caught_by_the_oracle_check(blind_run):
@@ -157,6 +171,6 @@ def test_a_planted_off_by_one_in_the_token_accounting_is_caught(
                                               "--runs", "1", "--max-tokens", "41", "--quiet"],
                     in_process=True)
     args = (run.doc, run.relayed, run.generated) if caught_by is check_usage else (
-        run.doc, run.relayed, run.jitter)
+        run.doc, run.relayed)
     problems = caught_by(*args)
     assert len(problems) >= 2 and all("bench" in p or "warm-up" in p for p in problems)
