@@ -26,9 +26,12 @@ from recipekit.layers import load_layer, run_layer
 from recipekit.layers.v8_api_key import HELPER_SOURCE, helper_of, middleware_files, open_paths
 from recipekit.tree import TreeView
 from tests.unit.test_launcher_refusals import core_refusal
-from tests.vllm.conftest import REPO_ROOT
+from tests.vllm.conftest import REPO_ROOT, answered_by
 
-TREES = ("0.27.1", "fork", "0.30.0", "0.33.0", "0.34.0")
+TREES = ("fork", "0.27.1", "0.30.0", "0.33.0", "0.34.0")
+# what the probe runs of vLLM (the app, its middleware, `vllm serve`'s options): a tree
+# identical here to an earlier one is answered by its probe
+PROBED_PACKAGES = ("vllm/entrypoints", "vllm/engine", "vllm/config")
 PROBE = REPO_ROOT / "tests/vllm/probes/api_key_routes.py"
 # The routes that run the model without the key on stock trees (issue 46's finding).
 MODEL_ROUTES = ("POST /invocations", "POST /generative_scoring")
@@ -61,9 +64,11 @@ NOT_SECRET = {
 
 @pytest.fixture(scope="module")
 def probed(tmp_path_factory, release):
-    """{tree: (patched root, the probe's JSON)}: each tree patched, then probed, all at once."""
+    """{tree: (patched root, the probe's JSON)}: each distinct tree patched, then probed, all
+    at once; a tree answered by another's probe (conftest.answered_by) gets that one's."""
+    answering = answered_by(TREES, PROBED_PACKAGES, release)
     runs = {}
-    for version in TREES:
+    for version in sorted(set(answering.values()), key=TREES.index):
         root = tmp_path_factory.mktemp(f"keys-{version}")
         shutil.copytree(release(version), root, dirs_exist_ok=True, copy_function=os.link)
         result = run_layer(load_layer("v8_api_key"), root, import_check="off")
@@ -76,7 +81,7 @@ def probed(tmp_path_factory, release):
         stdout, stderr = process.communicate(timeout=900)
         assert process.returncode == 0, (version, stderr[-3000:])
         out[version] = (root, json.loads(stdout.strip().splitlines()[-1]))
-    return out
+    return {tree: out[answering[tree]] for tree in TREES}
 
 
 def test_the_open_list_is_health_alone_and_the_launcher_knows_it():

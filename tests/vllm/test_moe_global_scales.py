@@ -15,18 +15,23 @@ import sys
 import pytest
 
 from recipekit.layers.v8_moe_scales import HELPER, TARGET
-from tests.vllm.conftest import REPO_ROOT, patch_layer
+from tests.vllm.conftest import REPO_ROOT, answered_by, patch_layer
 
-TREES = ("0.27.1", "fork", "0.30.0", "0.33.0", "0.34.0")
+TREES = ("fork", "0.27.1", "0.30.0", "0.33.0", "0.34.0")
+# what the probe runs of vLLM: a tree identical here to an earlier one is answered by its probe
+PROBED_PACKAGES = ("vllm/model_executor/layers/fused_moe",
+                   "vllm/model_executor/layers/quantization")
 PROBE = REPO_ROOT / "tests/vllm/probes/moe_global_scales.py"
 RELATIVE_BOUND = 2.0 ** -4  # the probe's: half an E4M3 step
 
 
 @pytest.fixture(scope="module")
 def probed(tmp_path_factory, release):
-    """Each tree patched by v8_moe_scales, and the probe's JSON on it (all at once)."""
+    """Each distinct tree patched by v8_moe_scales, and the probe's JSON on it (all at once),
+    by every tree it answers for (conftest.answered_by)."""
+    answering = answered_by(TREES, PROBED_PACKAGES, release)
     runs = {}
-    for version in TREES:
+    for version in sorted(set(answering.values()), key=TREES.index):
         root = tmp_path_factory.mktemp(f"moe-{version}")
         shutil.copytree(release(version), root, dirs_exist_ok=True, copy_function=os.link)
         code, report, stderr = patch_layer("v8_moe_scales", root, "--import-check", "off")
@@ -39,7 +44,7 @@ def probed(tmp_path_factory, release):
         stdout, stderr = process.communicate(timeout=600)
         assert process.returncode == 0, (version, stderr[-3000:])
         out[version] = json.loads(stdout.strip().splitlines()[-1])
-    return out
+    return {tree: out[answering[tree]] for tree in TREES}
 
 
 @pytest.mark.parametrize("version", TREES)
@@ -191,3 +196,18 @@ def test_marlin_takes_the_exact_route_and_every_other_backend_the_fold(probed, v
             assert set(classes.values()) == {"fold"}, (backend, classes)
     if "B12X" in routes:
         assert routes["B12X"] == {"B12xExperts": "fold"}, routes["B12X"]
+
+
+def test_each_tree_is_probed_or_answered_by_one_with_the_same_moe_files(release, tmp_path):
+    """0.27.1 shares every MoE and quantization file with the fork-shaped stand-in built on
+    it; every other pin has a probe of its own. A copy differing in one byte gets its own."""
+    assert answered_by(TREES, PROBED_PACKAGES, release) == {
+        "fork": "fork", "0.27.1": "fork", "0.30.0": "0.30.0", "0.33.0": "0.33.0",
+        "0.34.0": "0.34.0"}
+    moved = tmp_path / "moved"
+    shutil.copytree(release("0.27.1"), moved, copy_function=os.link)
+    (moved / TARGET).unlink()
+    (moved / TARGET).write_text((release("0.27.1") / TARGET).read_text() + "\n")
+    trees = {"fork": release("fork"), "moved": moved}
+    assert answered_by(("fork", "moved"), PROBED_PACKAGES, trees.get) == {
+        "fork": "fork", "moved": "moved"}
