@@ -52,11 +52,6 @@ def span_allowance_s(true_span_s: float, jitter: Jitter, tolerance: float) -> fl
     return tolerance * true_span_s + 2 * jitter.worst_s
 
 
-def span_agrees(measured_span_s: float, true_span_s: float, jitter: Jitter,
-                tolerance: float) -> bool:
-    return abs(measured_span_s - true_span_s) <= span_allowance_s(true_span_s, jitter, tolerance)
-
-
 # How long a test lets a script or a server it started run before calling it hung. Only a
 # hang is caught by it: what a run did is judged by what it printed, called and recorded,
 # and its own waits are bounded by the settings a test passes (POLL_SECONDS, READY_TIMEOUT).

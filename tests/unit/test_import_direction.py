@@ -50,9 +50,9 @@ def imports_of(module: str, source: str, known: set[str]) -> set[str]:
     return (found & known) - {"recipekit", module}
 
 
-def user_imports(source: str, users: tuple[str, ...] = USERS) -> set[str]:
-    """The modules of USERS (recipekit's, unless given) that SOURCE imports, statically or by
-    a constant name given to importlib.import_module or __import__."""
+def imported(source: str) -> set[str]:
+    """Every module SOURCE imports (`from a import b` names a and a.b), statically or by a
+    constant name given to importlib.import_module or __import__."""
     found: set[str] = set()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
@@ -64,7 +64,12 @@ def user_imports(source: str, users: tuple[str, ...] = USERS) -> set[str]:
               and (getattr(node.func, "attr", None) == "import_module"
                    or getattr(node.func, "id", None) == "__import__")):
             found.add(node.args[0].value)
-    return {name for name in found if name.split(".")[0] in users}
+    return found
+
+
+def user_imports(source: str, users: tuple[str, ...] = USERS) -> set[str]:
+    """The modules of USERS (recipekit's, unless given) that SOURCE imports (`imported`)."""
+    return {name for name in imported(source) if name.split(".")[0] in users}
 
 
 def arrows_back_up(sources: dict[str, str]) -> list[str]:

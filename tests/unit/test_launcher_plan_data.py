@@ -24,6 +24,7 @@ from launcher.plan.data import DRAFTER_PIN, IMAGE_ID, MODEL_PIN, UNPINNED, Plan,
 from launcher.plan.load import load
 from launcher.plan.settings import Failed
 from launcher.plan.words import quote
+from tests.unit.test_import_direction import imported
 from tests.unit.test_launcher_support import NODES, REPO, launcher_env
 
 LAUNCHER = REPO / "launcher"
@@ -39,23 +40,6 @@ def module_name(path: Path) -> str:
 def sources(folder: str) -> dict[str, str]:
     return {module_name(path): path.read_text()
             for path in sorted((LAUNCHER / folder).glob("*.py"))}
-
-
-def imported(source: str) -> set[str]:
-    """Every module SOURCE imports (`from a import b` names a and a.b), statically or by a
-    constant name given to importlib.import_module or __import__."""
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
-            found |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
-        elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
-              and isinstance(node.args[0].value, str)
-              and (getattr(node.func, "attr", None) == "import_module"
-                   or getattr(node.func, "id", None) == "__import__")):
-            found.add(node.args[0].value)
-    return found
 
 
 def callbacks(modules: dict[str, str]) -> list[str]:
