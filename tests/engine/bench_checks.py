@@ -138,6 +138,8 @@ def check_against_relay(doc: dict, relayed: list[RelayedStream],
     The span may then differ from the relay's by 1% plus the bench's own read delays,
     measured chunk by chunk in the process that reads (a reader descheduled on a loaded
     2-core machine reads a burst late: 30-40 ms at c=4 under CI's load)."""
+    if not streams(doc):
+        return ["the bench measured no stream: nothing to hold against the second client"]
     problems = []
     seen = {s.prefix.split("]")[0] + "]": s.figures() for s in relayed}
     for wave in doc["waves"]:
@@ -152,6 +154,8 @@ def _stream_against_relay(stream: dict, t0: float, relay: dict | None,
     where = stream["prefix"]
     if relay is None:
         return [f"{where}: the relay saw no such stream"]
+    if not stream["ok"]:
+        return [f"{where}: the bench did not measure it ({stream['failure']})"]
     problems = []
     if not relay["every_chunk_has_usage"]:
         problems.append(f"{where}: the server sent a chunk without usage")
