@@ -221,6 +221,9 @@ GUMBEL_STREAMS = REPO_ROOT / "tests/vllm/probes/gumbel_streams.py"
 STEP_P = [0.30, 0.55, 0.07, 0.08]
 STEP_Q = [0.01, 0.37, 0.22, 0.40]
 STEP_SEEDS = 2000  # seeds 1..N: the verdict is a fixed number, the same on every run
+# The probe draws many seeds a program; these first seeds it also draws one scalar seed a
+# program, as vLLM's kernels do, and the two must agree token for token.
+ALONE_SEEDS = 16
 ALPHA = 0.001
 # chi-square's upper ALPHA point with 3 degrees of freedom (checked below by its closed form)
 CRITICAL_3DF = 16.266236196238129
@@ -233,7 +236,8 @@ def _chi_square_3df_tail(x: float) -> float:
 
 def _streams(label, root, tmp_path):
     request = tmp_path / f"request-{label}.json"
-    request.write_text(json.dumps({"seeds": STEP_SEEDS, "noise_seeds": 8, "pos": 17,
+    request.write_text(json.dumps({"seeds": STEP_SEEDS, "noise_seeds": 8,
+                                   "alone_seeds": ALONE_SEEDS, "pos": 17,
                                    "p": STEP_P, "q": STEP_Q}))
     result = subprocess.run([sys.executable, str(GUMBEL_STREAMS), str(root), str(request)],
                             capture_output=True, text=True, timeout=900, check=False,
@@ -302,6 +306,14 @@ def test_with_the_salt_the_draft_stream_is_apart_and_the_targets_unchanged(noise
     draft = [x for row in v9["draft_noise"] for x in row]
     target = [x for row in v9["target_noise"] for x in row]
     assert all(d != t for d, t in zip(draft, target))
+
+
+@pytest.mark.parametrize("base", ["released", "v9"])
+def test_seeds_drawn_together_give_the_tokens_each_seed_gives_alone(noise_streams, base):
+    report = noise_streams[base]
+    assert len(report["tokens"]) == STEP_SEEDS
+    assert len(report["tokens_alone"]) == ALONE_SEEDS
+    assert report["tokens"][:ALONE_SEEDS] == report["tokens_alone"]
 
 
 def test_one_speculative_step_is_lossless_with_the_salt_and_biased_without(noise_streams):

@@ -5,7 +5,8 @@ tree's `v1/worker/gpu/sample/gumbel.py`, and what they do to probabilistic draft
 
 gumbel.py is loaded from TREE by file, with `vllm.triton_utils` stood in by real Triton
 and a numpy log1p for libdevice's (the rest of vLLM is not imported). REQUEST:
-{"seeds": N, "noise_seeds": M, "pos": P, "p": [...], "q": [...]}; seeds are 1..N. Both
+{"seeds": N, "noise_seeds": M, "alone_seeds": A, "pos": P, "p": [...], "q": [...]}; seeds are
+1..N. Both
 draws of a step take the same seed, position and keys (token ids), as DFlash2's selector
 walk and the rejection sampler's resample do (checked on the trees' sources by the test).
 Prints one JSON line:
@@ -16,7 +17,10 @@ Prints one JSON line:
 - "tokens": [seed] the token one speculative step emits, built from the tree's own noise
   functions as vLLM's rejection sampler does (Leviathan et al.): the draft is the Gumbel-max
   of log q in the drafting stream, accepted when log p > log u + log q with
-  u = tl_rand32(seed, pos), else resampled from max(p - q, 0) in the target's stream.
+  u = tl_rand32(seed, pos), else resampled from max(p - q, 0) in the target's stream;
+  many seeds a program, each seed a column of the tree's draws;
+- "tokens_alone": [seed] the same for seeds 1..A, one seed a program (a scalar seed, as
+  vLLM's kernels draw): equal to the first A of "tokens" unless batching changed a draw.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ def load_gumbel(tree: Path) -> types.ModuleType:
     return module
 
 
+STEP_SEEDS = 512  # seeds a program of steps_kernel (a power of two, as tl.arange wants)
 # the tree's own functions, bound by main() before any kernel runs (Triton resolves a
 # kernel's callees among its module's globals)
 gumbel_noised_argmax = tl_rand32 = None
@@ -104,6 +109,28 @@ def step_kernel(out_ptr, seeds_ptr, pos, log_p_ptr, log_q_ptr, log_r_ptr, V: tl.
     tl.store(out_ptr + row, token)
 
 
+@triton.jit
+def steps_kernel(out_ptr, seeds_ptr, n, pos, log_p_ptr, log_q_ptr, log_r_ptr, V: tl.constexpr,
+                 SALTED: tl.constexpr, SEEDS: tl.constexpr):
+    """step_kernel for SEEDS seeds a program (the interpreter's cost is per program): keys
+    down axis 0, seeds across axis 1; the tree's draw is elementwise in both and reduces
+    over axis 0 only, so each column is one seed's draw."""
+    cols = tl.program_id(0) * SEEDS + tl.arange(0, SEEDS)
+    seed = tl.load(seeds_ptr + cols, mask=cols < n, other=1)
+    keys = tl.arange(0, V)[:, None]
+    log_p = tl.load(log_p_ptr + keys)
+    log_q = tl.load(log_q_ptr + keys)
+    _, draft = draw(log_q, keys, keys < V, seed[None, :], pos, SALTED, True, True)
+    u = tl_rand32(seed, pos, includes_zero=False)
+    draft_log_p = tl.sum(tl.where(keys == draft[None, :], log_p, 0.0), axis=0)
+    draft_log_q = tl.sum(tl.where(keys == draft[None, :], log_q, 0.0), axis=0)
+    log_r = tl.load(log_r_ptr + keys)
+    _, resampled = draw(log_r, keys, log_r > float("-inf"), seed[None, :], pos, SALTED, False,
+                        False)
+    token = tl.where(draft_log_p > tl.log(u) + draft_log_q, draft, resampled)
+    tl.store(out_ptr + cols, token, mask=cols < n)
+
+
 def main(tree: str, request_path: str) -> int:
     request = json.loads(Path(request_path).read_text())
     gumbel = load_gumbel(Path(tree))
@@ -125,11 +152,15 @@ def main(tree: str, request_path: str) -> int:
     log_r = np.full(vocab, -np.inf)
     log_r[residual > 0] = np.log(residual[residual > 0])
     as_f32 = lambda a: torch.tensor(a, dtype=torch.float32)
+    logs = (as_f32(np.log(p)), as_f32(np.log(q)), as_f32(log_r))
     tokens = torch.empty(n, dtype=torch.int64)
-    step_kernel[(n,)](tokens, seeds, pos, as_f32(np.log(p)), as_f32(np.log(q)), as_f32(log_r),
-                      V=vocab, SALTED=salted)
+    steps_kernel[(triton.cdiv(n, STEP_SEEDS),)](tokens, seeds, n, pos, *logs, V=vocab,
+                                                SALTED=salted, SEEDS=STEP_SEEDS)
+    # the first seeds again, one scalar seed a program, as vLLM's kernels draw
+    alone = torch.empty(request["alone_seeds"], dtype=torch.int64)
+    step_kernel[(request["alone_seeds"],)](alone, seeds, pos, *logs, V=vocab, SALTED=salted)
     print(json.dumps({"gumbel_file": str(gumbel.__file__), "salted": salted, **noise,
-                      "tokens": tokens.tolist()}))
+                      "tokens": tokens.tolist(), "tokens_alone": alone.tolist()}))
     return 0
 
 
