@@ -42,16 +42,16 @@ def test_the_docs_quote_the_budgets():
 
 
 # A stand-in for the test venv's python: `-m tests.engine.engine_env` does nothing, and
-# `-m pytest ARGS... tests/TIER` records the tier's start and end in $RUNS. The engine tier
+# `-m pytest ARGS... tests/TIER` records the tier's start and end in $RUNS. The vllm tier
 # waits until the image tier has started (so it ends only when the image tier runs beside
 # it: no clock is read), and the tier named by $FAIL exits 1.
 FAKE_PYTHON = r"""#!/usr/bin/env bash
 [[ "$2" == pytest ]] || exit 0
 tier="${!#}"; tier="${tier#tests/}"
 echo "start ${tier}" >>"${RUNS}"
-if [[ "${tier}" == engine ]]; then
+if [[ "${tier}" == vllm ]]; then
   for _ in $(seq 600); do grep -qx "start image" "${RUNS}" && break; sleep 0.1; done
-  grep -qx "start image" "${RUNS}" || { echo "engine: image never started beside it"; exit 3; }
+  grep -qx "start image" "${RUNS}" || { echo "vllm: image never started beside it"; exit 3; }
 fi
 echo "output of ${tier}"
 echo "end ${tier}" >>"${RUNS}"
@@ -72,16 +72,16 @@ def run_tiers(tmp_path: Path, fail: str = "") -> tuple[subprocess.CompletedProce
     return result, runs.read_text().splitlines()
 
 
-def test_the_image_tier_runs_beside_the_engine_tier_and_its_output_follows(tmp_path):
+def test_the_image_tier_runs_beside_the_vllm_tier_and_its_output_follows(tmp_path):
     result, runs = run_tiers(tmp_path)
     assert result.returncode == 0, result.stderr
-    assert runs.index("start image") < runs.index("end engine")  # beside, not after
-    assert runs.index("end unit") < runs.index("start vllm")
-    assert runs.index("end vllm") < runs.index("start image")
+    assert runs.index("start image") < runs.index("end vllm")  # beside, not after
+    assert runs.index("end unit") < runs.index("start image")
     assert runs.index("end vllm") < runs.index("start engine")
-    # the image tier's output whole, after the engine tier's, and each tier's wall said
-    assert result.stdout.splitlines() == ["output of unit", "output of vllm", "output of engine",
-                                          "output of image"]
+    assert runs.index("end image") < runs.index("start engine")
+    # the image tier's output whole, after the vllm tier's, and each tier's wall said
+    assert result.stdout.splitlines() == ["output of unit", "output of vllm", "output of image",
+                                          "output of engine"]
     for tier in ("unit", "vllm", "image", "engine", "all"):
         assert re.search(rf"^test: {tier} +\d+ min \d\d s wall \(budget \d+ min\)$",
                          result.stderr, re.M), result.stderr
