@@ -5,10 +5,10 @@ tree's `v1/worker/gpu/sample/gumbel.py`, and what they do to probabilistic draft
 
 gumbel.py is loaded from TREE by file, with `vllm.triton_utils` stood in by real Triton
 and a numpy log1p for libdevice's (the rest of vLLM is not imported). REQUEST:
-{"seeds": N, "noise_seeds": M, "alone_seeds": A, "pos": P, "p": [...], "q": [...]}; seeds are
-1..N. Both
-draws of a step take the same seed, position and keys (token ids), as DFlash2's selector
-walk and the rejection sampler's resample do (checked on the trees' sources by the test).
+{"seeds": N, "noise_seeds": M, "alone_seeds": A, "pos": P, "p": [...], "q": [...]}; seeds
+are 1..N. Both draws of a step take the same seed, position and keys (token ids), as
+DFlash2's selector walk and the rejection sampler's resample do (checked on the trees'
+sources by the test).
 Prints one JSON line:
 
 - "target_noise", "draft_noise": [seed][key] the Gumbel noise `gumbel_noised_argmax` adds,
@@ -59,7 +59,7 @@ def load_gumbel(tree: Path) -> types.ModuleType:
     return module
 
 
-STEP_SEEDS = 512  # seeds a program of steps_kernel (a power of two, as tl.arange wants)
+SEEDS_PER_PROGRAM = 512  # steps_kernel's (a power of two, as tl.arange wants)
 # the tree's own functions, bound by main() before any kernel runs (Triton resolves a
 # kernel's callees among its module's globals)
 gumbel_noised_argmax = tl_rand32 = None
@@ -154,8 +154,8 @@ def main(tree: str, request_path: str) -> int:
     as_f32 = lambda a: torch.tensor(a, dtype=torch.float32)
     logs = (as_f32(np.log(p)), as_f32(np.log(q)), as_f32(log_r))
     tokens = torch.empty(n, dtype=torch.int64)
-    steps_kernel[(triton.cdiv(n, STEP_SEEDS),)](tokens, seeds, n, pos, *logs, V=vocab,
-                                                SALTED=salted, SEEDS=STEP_SEEDS)
+    steps_kernel[(triton.cdiv(n, SEEDS_PER_PROGRAM),)](tokens, seeds, n, pos, *logs, V=vocab,
+                                                       SALTED=salted, SEEDS=SEEDS_PER_PROGRAM)
     # the first seeds again, one scalar seed a program, as vLLM's kernels draw
     alone = torch.empty(request["alone_seeds"], dtype=torch.int64)
     step_kernel[(request["alone_seeds"],)](alone, seeds, pos, *logs, V=vocab, SALTED=salted)
