@@ -31,6 +31,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
@@ -55,6 +56,7 @@ PROMPT_TOKENS = 3072
 MAX_TOKENS = 64
 MAX_MODEL_LEN = int(tier.OVERRIDES["--max-model-len"][0])
 READY_TIMEOUT_S = 420  # ten Glm5Next servers compile and capture at once
+STACKS_BEFORE_DEADLINE_S = 15  # a server not ready by then has its stacks dumped
 MARGIN_FLOOR_NATS = 0.1  # about 10x bf16's rounding of a logit of the live target's size
 ACCEPTANCE_FLOOR = 0.5  # of drafted tokens, for the designed drafter (issue 47)
 # relative error of an aux hidden state row, bf16 engine vs float64: a bf16 emulation of the
@@ -519,6 +521,21 @@ def answer(server, prompt: list[int]) -> dict:
                              for p in range(K)]}
 
 
+def dump_stacks(made: dict, doc: dict) -> None:
+    """SIGUSR1 to every process of each server not yet ready: faulthandler (registered by
+    tests/gpu/standin) writes each thread's stack to the server's log, so that a stalled start
+    shows where it waits."""
+    for name, server in made.items():
+        if server.ready_s is None and server.process is not None:
+            try:
+                os.killpg(server.process.pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                continue
+            doc["servers"][name]["stacks_dumped_at_s"] = round(
+                time.monotonic() - server.started_at, 1)
+            log(f"{name}: not ready yet; its processes' stacks are in its log")
+
+
 def _or_error(call):
     try:
         return call()
@@ -568,8 +585,12 @@ def run(doc: dict, payload: Path, out: Path) -> None:
         seen.argv[name] = server.argv[3:]
         doc["servers"][name] = {"argv": server.argv[3:], "env": {
             k: v for k, v in server.env.items() if k.startswith(("GLM53_", "GPU_TIER_"))}}
+    stacks = threading.Timer(READY_TIMEOUT_S - STACKS_BEFORE_DEADLINE_S, dump_stacks,
+                             args=(made, doc))
+    stacks.start()
     try:
         up = tier.boot(made, doc)
+        stacks.cancel()
         log(f"{len(up)} of {len(made)} servers ready after {time.monotonic() - started:.0f} s")
         with ThreadPoolExecutor(max(1, len(up))) as pool:
             seen.replies = dict(zip(up, pool.map(
@@ -579,6 +600,7 @@ def run(doc: dict, payload: Path, out: Path) -> None:
         if all(isinstance(r, dict) for r in live):
             doc["ring_off_reported"] = compare(*live)  # not judged: docs/gpu-tier.md says why
     finally:
+        stacks.cancel()
         with ThreadPoolExecutor(len(made)) as pool:
             list(pool.map(lambda server: server.stop(), made.values()))
     for name, server in made.items():

@@ -10,9 +10,11 @@ from __future__ import annotations
 import copy
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 import types
 
 import pytest
@@ -115,6 +117,50 @@ def test_the_stand_in_replaces_only_the_indexer_kernels_at_first_import(tmp_path
     assert done.stdout.split() == ["gpu_mqa_logits_reference", "_missing",
                                    "gpu_mqa_logits_reference"]
     assert "stand-in installed: tests/gpu/mqa_logits_reference.py" in done.stderr
+
+
+def test_a_server_not_ready_near_its_deadline_dumps_every_processs_stacks(tmp_path):
+    """dump_stacks sends SIGUSR1 to a not-ready server's process group; with tests/gpu/standin
+    on PYTHONPATH a parent and its child (as the API server and its engine core) each write
+    their stack to the log and live on; a ready server gets nothing."""
+    script = textwrap.dedent("""
+        import subprocess, sys, time
+        child = subprocess.Popen([sys.executable, "-c",
+                                  "import time\\ndef engine_core_waits():\\n time.sleep(60)\\n"
+                                  "engine_core_waits()"])
+        def api_server_waits():
+            time.sleep(60)
+        print("started", flush=True)
+        api_server_waits()
+    """)
+    log_path = tmp_path / "server.log"
+    env = {**os.environ, "PYTHONPATH": str(part_d.STANDIN)}
+    with log_path.open("w") as log_file:
+        process = subprocess.Popen([sys.executable, "-c", script], stdout=log_file,
+                                   stderr=subprocess.STDOUT, env=env, process_group=0)
+    try:
+        for _ in range(600):
+            if "started" in log_path.read_text():
+                break
+            time.sleep(0.1)
+        time.sleep(1.0)  # the child's interpreter has read sitecustomize by then
+        waiting = types.SimpleNamespace(process=process, ready_s=None,
+                                        started_at=time.monotonic() - 400)
+        ready = types.SimpleNamespace(process=None, ready_s=12.0, started_at=0.0)
+        doc = {"servers": {"waiting": {}, "ready": {}}}
+        part_d.dump_stacks({"waiting": waiting, "ready": ready}, doc)
+        for _ in range(100):
+            text = log_path.read_text()
+            if "engine_core_waits" in text and "api_server_waits" in text:
+                break
+            time.sleep(0.1)
+        assert "engine_core_waits" in text and "api_server_waits" in text, text[-2000:]
+        assert process.poll() is None, "SIGUSR1 must not stop the server"
+        assert 399 < doc["servers"]["waiting"]["stacks_dumped_at_s"] < 460
+        assert doc["servers"]["ready"] == {}
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
 
 
 def test_the_mhc_ops_take_vllms_own_path_without_tilelang():

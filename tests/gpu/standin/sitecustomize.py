@@ -12,12 +12,18 @@ Every other kernel of the forward is vLLM's own CUDA path.
 
 Two hooks of tests/gpu/engine_hooks.py are installed only where a server's environment asks:
 GPU_TIER_STOCK_MOE=1 (stock vLLM's MoE scale reading) and GPU_TIER_AUX_DUMP=FILE (the drafter's
-auxiliary hidden states saved once)."""
+auxiliary hidden states saved once).
 
+Every process of a server dumps its threads' stacks to its log on SIGUSR1
+(tests/gpu/glm5next_engine.py sends it to a server still not ready just before its deadline)."""
+
+import faulthandler
 import importlib.util
 import os
+import signal
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 def _edit_on_import():
