@@ -9,7 +9,8 @@ server of the engine venv (tests/engine/engine_env.py), holding:
   requirements the engine venv must satisfy (checked, refused otherwise): 0.28.0, the
   first release with DFlash2, and 0.27.1 with our v9 layer applied by `scripts/patch-layer`;
 - `triton/`: the engine venv's Triton, hard-linked (a fixed file is written through a
-  rename, so the venv's own copy never changes), with the interpreter's mask and libdevice fixes;
+  rename, so the venv's own copy never changes), with the interpreter's mask, libdevice and
+  patch-once fixes;
 - the HAS_TRITON fix in `vllm/triton_utils/importing.py`.
 
 Built once per content key (this file, the fixes, the release, the v9 layer's sources, the
@@ -42,6 +43,7 @@ from tests.engine.interpreter_fixes import (
     ensure_has_triton_under_interpreter,
     ensure_interpreter_bool_masks,
     ensure_interpreter_libdevice,
+    ensure_interpreter_patch_once,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -204,6 +206,8 @@ def _build(out: Path, venv: EngineVenv, version: str, v9: bool, adaptive_verify:
         "triton interpreter masks": ensure_interpreter_bool_masks(
             out / "triton" / "runtime" / "interpreter.py"),
         "triton interpreter libdevice": ensure_interpreter_libdevice(
+            out / "triton" / "runtime" / "interpreter.py"),
+        "triton interpreter patch once": ensure_interpreter_patch_once(
             out / "triton" / "runtime" / "interpreter.py"),
         "HAS_TRITON under TRITON_INTERPRET": ensure_has_triton_under_interpreter(
             out / "vllm" / "triton_utils" / "importing.py"),

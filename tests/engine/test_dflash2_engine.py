@@ -106,6 +106,7 @@ def test_overlays_carry_the_release_and_the_fixes(overlays):
         assert report["smoke"]["vllm"] == overlay.version, label
         assert report["smoke"]["has_triton"] and report["smoke"]["dflash2"], label
         assert set(report["fixes"]) >= {"triton interpreter masks", "triton interpreter libdevice",
+                                        "triton interpreter patch once",
                                         "HAS_TRITON under TRITON_INTERPRET"}, label
     assert "v9" in json.loads((overlays["0.27.1+v9"].path / "overlay.json").read_text())["fixes"]
 
@@ -170,6 +171,60 @@ def test_each_fix_is_needed_and_works(overlays, fixed):
         assert lines[-1:] == ["HAS_TRITON False"], result.stderr[-1500:]
         assert result.returncode != 0
         assert "mask has unsupported dtype" in result.stderr
+
+
+# A kernel whose loop calls a @triton.jit function that calls another (as vLLM's sampling
+# and DFlash2's kernels do), run by the interpreter: its output, how often the language was
+# listed (inspect.getmembers) and whether the patch was undone after the launch.
+_NESTED_PROBE = """
+import inspect, json
+import torch, triton, triton.language as tl
+listed = [0]
+_getmembers = inspect.getmembers
+def counting(*args, **kwargs):
+    listed[0] += 1
+    return _getmembers(*args, **kwargs)
+inspect.getmembers = counting
+@triton.jit
+def square(x):
+    return x * x
+@triton.jit
+def add_square(a, b):
+    return a + square(b)
+@triton.jit
+def kernel(src, dst, N: tl.constexpr, STEPS: tl.constexpr):
+    offsets = tl.arange(0, N)
+    acc = tl.load(src + offsets)
+    for _ in range(STEPS):
+        acc = add_square(acc, tl.load(src + offsets)) * 0.5
+    tl.store(dst + offsets, acc)
+src, dst = torch.linspace(-1, 1, 64), torch.zeros(64)
+kernel[(PROGRAMS,)](src, dst, N=64, STEPS=STEPS)
+print(json.dumps({"out": dst.tolist(), "listed": listed[0],
+                  "restored": tl.core.is_builtin(tl.program_id)
+                  and not hasattr(tl, "_glm53_patched_for_interpreter")}))
+"""
+_PROGRAMS, _STEPS = 4, 10
+
+
+def test_the_patch_once_fix_lists_the_language_once_a_launch_and_computes_the_same(overlays):
+    """The engine venv's Triton lists triton.language's modules again at each of the kernel's
+    2 x STEPS x PROGRAMS device calls; the overlay's only at the launch; both write the same
+    bits, and the launch's patch is undone after it."""
+    overlay = overlays["0.28.0"]
+    probe = _NESTED_PROBE.replace("PROGRAMS", str(_PROGRAMS)).replace("STEPS=STEPS",
+                                                                       f"STEPS={_STEPS}")
+    runs = {}
+    for fixed in (False, True):
+        env = {"TRITON_INTERPRET": "1", **({"PYTHONPATH": str(overlay.path)} if fixed else {})}
+        result = overlay.venv.run("-c", probe, env=env, timeout=300)
+        assert result.returncode == 0, result.stderr[-1500:]
+        runs[fixed] = json.loads(result.stdout.strip().splitlines()[-1])
+    device_calls = 2 * _STEPS * _PROGRAMS
+    assert runs[True]["out"] == runs[False]["out"]
+    assert runs[True]["restored"] and runs[False]["restored"]
+    assert runs[False]["listed"] >= device_calls, runs[False]["listed"]
+    assert runs[True]["listed"] < 10, runs[True]["listed"]  # the launch's own listings
 
 
 def test_undrafted_engine_follows_the_target_table(models, answers):

@@ -1,6 +1,9 @@
 """The engine tier's Triton-interpreter fixes on synthetic files of the shapes they patch:
 applied once, present after, refused with one line when the shape moved."""
 
+import inspect
+import types
+
 import pytest
 
 from tests.engine.interpreter_fixes import (
@@ -8,6 +11,7 @@ from tests.engine.interpreter_fixes import (
     ensure_has_triton_under_interpreter,
     ensure_interpreter_bool_masks,
     ensure_interpreter_libdevice,
+    ensure_interpreter_patch_once,
 )
 
 IMPORTING = '''import os
@@ -54,6 +58,26 @@ def _patch_lang(fn):
     return scope
 '''
 
+PATCH_ONCE = '''import inspect
+import triton.language as tl
+
+
+def _patch_lang(fn):
+    scope = _LangPatchScope()
+    langs = [value for _, value in fn.__globals__.items() if inspect.ismodule(value) and value in [tl, tl.core]]
+    for lang in langs:
+        _patch_builtin(lang, interpreter_builder, scope)
+    return scope
+
+
+class InterpretedFunction:
+    def __call__(self, *args, **kwargs):
+        # This is a device function call
+        _patch_lang(self.fn)
+        fn = self.rewrite()
+        return fn(*args, **kwargs)
+'''
+
 
 def _run(path, fix):
     return fix(path), path.read_text()
@@ -92,6 +116,49 @@ def test_libdevice_fix_applies_once_before_patch_lang_returns(tmp_path):
     compile(text, str(path), "exec")
 
 
+def test_patch_once_fix_marks_the_patched_modules_and_guards_the_device_call(tmp_path):
+    path = tmp_path / "interpreter.py"
+    path.write_text(PATCH_ONCE)
+    outcome, text = _run(path, ensure_interpreter_patch_once)
+    assert outcome == "applied"
+    assert ("        _patch_builtin(lang, interpreter_builder, scope)\n"
+            "        scope.set_attr(lang, \"_glm53_patched_for_interpreter\", True)\n"
+            "    return scope\n") in text
+    assert ("        # This is a device function call\n"
+            "        if not _lang_patched(self.fn):\n"
+            "            _patch_lang(self.fn)\n        fn = self.rewrite()\n") in text
+    assert text.index("def _lang_patched(fn):") < text.index("def _patch_lang(fn):")
+    assert _run(path, ensure_interpreter_patch_once) == ("present", text)
+    compile(text, str(path), "exec")
+
+
+def test_patch_once_skips_only_where_every_module_the_function_sees_is_marked(tmp_path):
+    """The added _lang_patched, run: true only while every language module in the function's
+    globals carries the mark; a function seeing none, or one unmarked, is patched as before."""
+    path = tmp_path / "interpreter.py"
+    path.write_text(PATCH_ONCE)
+    ensure_interpreter_patch_once(path)
+    text = path.read_text()
+    helper = text[text.index("def _lang_patched(fn):"):text.index("def _patch_lang(fn):")]
+    core = types.ModuleType("triton.language.core")
+    lang = types.ModuleType("triton.language")
+    lang.core = core
+    space = {"inspect": inspect, "tl": lang}
+    exec(helper, space)
+    lang_patched = space["_lang_patched"]
+
+    def seeing(**modules):
+        return types.FunctionType(compile("def f(): pass", "f", "exec").co_consts[0], modules)
+
+    assert not lang_patched(seeing(tl=lang))
+    lang._glm53_patched_for_interpreter = True
+    assert lang_patched(seeing(tl=lang))
+    assert not lang_patched(seeing(tl=lang, core=core))
+    core._glm53_patched_for_interpreter = True
+    assert lang_patched(seeing(tl=lang, core=core))
+    assert not lang_patched(seeing(np=inspect))
+
+
 # each fix, given a file an upstream change moved or one it half fixed, refuses it unchanged
 @pytest.mark.parametrize("fix, name, moved", [
     (ensure_has_triton_under_interpreter, "importing.py", IMPORTING.replace("import os\n", "")),
@@ -107,9 +174,16 @@ def test_libdevice_fix_applies_once_before_patch_lang_returns(tmp_path):
     (ensure_interpreter_libdevice, "interpreter.py", PATCH_LANG.replace("import numpy as np\n", "import numpy\n")),
     (ensure_interpreter_libdevice, "interpreter.py", PATCH_LANG.replace("class TensorHandle:", "class Handle:")),
     (ensure_interpreter_libdevice, "interpreter.py", PATCH_LANG.replace("    return scope\n", "    _patch_libdevice(scope)\n    return scope\n")),
+    (ensure_interpreter_patch_once, "interpreter.py", PATCH_ONCE.replace("class InterpretedFunction:", "class JITFunction:")),
+    (ensure_interpreter_patch_once, "interpreter.py", PATCH_ONCE.replace("for lang in langs:", "for module in langs:").replace("(lang,", "(module,")),
+    (ensure_interpreter_patch_once, "interpreter.py", PATCH_ONCE.replace("        _patch_lang(self.fn)\n", "        _patch_lang(self.rewrite())\n")),
+    (ensure_interpreter_patch_once, "interpreter.py", PATCH_ONCE.replace("import inspect\n", "from inspect import ismodule\n")),
+    (ensure_interpreter_patch_once, "interpreter.py", PATCH_ONCE.replace("        _patch_builtin(lang, interpreter_builder, scope)\n", "        _patch_builtin(lang, interpreter_builder, scope)\n        scope.set_attr(lang, \"_glm53_patched_for_interpreter\", True)\n")),
 ], ids=["has-triton-no-os", "has-triton-no-find_spec", "has-triton-gate-reshaped", "has-triton-two-gates",
         "masks-no-builder", "masks-load-reshaped", "masks-store-renamed", "masks-half-fixed",
-        "libdevice-no-patch-lang", "libdevice-returns-other", "libdevice-numpy-renamed", "libdevice-no-tensor-handle", "libdevice-half-fixed"])
+        "libdevice-no-patch-lang", "libdevice-returns-other", "libdevice-numpy-renamed", "libdevice-no-tensor-handle", "libdevice-half-fixed",
+        "patch-once-no-interpreted-function", "patch-once-loop-renamed", "patch-once-call-reshaped",
+        "patch-once-inspect-renamed", "patch-once-half-fixed"])
 def test_each_fix_refuses_a_moved_or_half_fixed_file(tmp_path, fix, name, moved):
     path = tmp_path / name
     path.write_text(moved)
