@@ -55,6 +55,25 @@ def _has_import(module: cst.Module, matcher: m.BaseMatcherNode) -> bool:
     return any(m.matches(stmt, m.SimpleStatementLine(body=[matcher])) for stmt in module.body)
 
 
+def _function(body, name: str) -> list[int]:
+    """The indexes of BODY's module-level `def NAME`."""
+    return [i for i, node in enumerate(body) if isinstance(node, cst.FunctionDef)
+            and node.name.value == name]
+
+
+def _require_imports(path: Path, module: cst.Module, needs: dict[str, m.BaseMatcherNode]) -> None:
+    """FixRefused naming the first of NEEDS ({import line: its matcher}) the module lacks."""
+    for what, matcher in needs.items():
+        if not _has_import(module, matcher):
+            raise FixRefused(f"{path}: no module-level `{what}`; the file moved, re-check the fix")
+
+
+# `import triton.language as tl`, which the libdevice and patch-once fixes' code calls
+_TL_IMPORT = m.Import(names=[m.ImportAlias(
+    name=m.Attribute(value=m.Name("triton"), attr=m.Name("language")),
+    asname=m.AsName(name=m.Name("tl")))])
+
+
 def ensure_has_triton_under_interpreter(path: Path) -> str:
     """After the module-level `if HAS_TRITON:` block, let TRITON_INTERPRET=1 turn it on."""
     module = cst.parse_module(path.read_text())
@@ -67,9 +86,7 @@ def ensure_has_triton_under_interpreter(path: Path) -> str:
             module=m.Attribute(value=m.Name("importlib"), attr=m.Name("util")),
             names=[m.ZeroOrMore(), m.ImportAlias(name=m.Name("find_spec")), m.ZeroOrMore()]),
     }
-    for what, matcher in needs.items():
-        if not _has_import(module, matcher):
-            raise FixRefused(f"{path}: no module-level `{what}`; the file moved, re-check the fix")
+    _require_imports(path, module, needs)
     assigned = [stmt for stmt in module.body if m.matches(stmt, m.SimpleStatementLine(
         body=[m.Assign(targets=[m.AssignTarget(target=m.Name("HAS_TRITON"))])]))]
     gates = [i for i, stmt in enumerate(module.body)
@@ -198,8 +215,7 @@ def ensure_interpreter_libdevice(path: Path) -> str:
     """A module-level `_patch_libdevice(scope)` before `_patch_lang`, which calls it last."""
     module = cst.parse_module(path.read_text())
     names = [node.name.value for node in module.body if isinstance(node, cst.FunctionDef)]
-    patch_langs = [i for i, node in enumerate(module.body)
-                   if isinstance(node, cst.FunctionDef) and node.name.value == "_patch_lang"]
+    patch_langs = _function(module.body, "_patch_lang")
     if len(patch_langs) != 1:
         raise FixRefused(f"{path}: expected one module-level def _patch_lang, found "
                          f"{len(patch_langs)}; the file moved, re-check the fix")
@@ -221,13 +237,9 @@ def ensure_interpreter_libdevice(path: Path) -> str:
         "import math": m.Import(names=[m.ImportAlias(name=m.Name("math"))]),
         "import numpy as np": m.Import(names=[m.ImportAlias(
             name=m.Name("numpy"), asname=m.AsName(name=m.Name("np")))]),
-        "import triton.language as tl": m.Import(names=[m.ImportAlias(
-            name=m.Attribute(value=m.Name("triton"), attr=m.Name("language")),
-            asname=m.AsName(name=m.Name("tl")))]),
+        "import triton.language as tl": _TL_IMPORT,
     }
-    for what, matcher in needs.items():
-        if not _has_import(module, matcher):
-            raise FixRefused(f"{path}: no module-level `{what}`; the file moved, re-check the fix")
+    _require_imports(path, module, needs)
     if not any(m.matches(node, m.ClassDef(name=m.Name("TensorHandle"))) for node in module.body):
         raise FixRefused(f"{path}: no class TensorHandle; the file moved, re-check the fix")
     body.insert(len(body) - 1, cst.parse_statement("_patch_libdevice(scope)\n"))
@@ -248,11 +260,6 @@ def _lang_patched(fn):
     return bool(langs) and all(getattr(lang, "{PATCHED_MARK}", False) for lang in langs)
 """
 _MARK_LINE = f'scope.set_attr(lang, "{PATCHED_MARK}", True)\n'
-
-
-def _function(body, name: str) -> list[int]:
-    return [i for i, node in enumerate(body) if isinstance(node, cst.FunctionDef)
-            and node.name.value == name]
 
 
 def ensure_interpreter_patch_once(path: Path) -> str:
@@ -294,13 +301,9 @@ def ensure_interpreter_patch_once(path: Path) -> str:
         raise FixRefused(f"{path}: the patch-once fix is partly there (mark {marked}, "
                          f"_lang_patched {len(helpers)}, guarded calls {len(guards)}); "
                          f"reinstall triton")
-    for what, name in (("import inspect", m.Name("inspect")),
-                       ("import triton.language as tl", m.Attribute(
-                           value=m.Name("triton"), attr=m.Name("language")))):
-        alias = m.ImportAlias(name=name, asname=m.AsName(name=m.Name("tl"))) \
-            if what.endswith(" tl") else m.ImportAlias(name=name)
-        if not _has_import(module, m.Import(names=[alias])):
-            raise FixRefused(f"{path}: no module-level `{what}`; the file moved, re-check the fix")
+    _require_imports(path, module, {
+        "import inspect": m.Import(names=[m.ImportAlias(name=m.Name("inspect"))]),
+        "import triton.language as tl": _TL_IMPORT})
     if len(plains) != 1:
         raise FixRefused(f"{path}: InterpretedFunction.__call__ should call "
                          f"_patch_lang(self.fn) once, found {len(plains)}; the file moved, "

@@ -24,6 +24,7 @@ from tests.engine.dflash2_env import Overlay, dflash2_overlay
 from tests.engine.engine_client import greedy_ids, spec_counters
 from tests.engine.engine_env import engine_venv
 from tests.engine.engine_server import EngineServer, start_all
+from tests.engine.interpreter_fixes import PATCHED_MARK
 
 MAX_TOKENS = 30
 PROMPTS = ["Count from 1 to 200", "the secret code word", "Python function"]
@@ -202,7 +203,7 @@ src, dst = torch.linspace(-1, 1, 64), torch.zeros(64)
 kernel[(PROGRAMS,)](src, dst, N=64, STEPS=STEPS)
 print(json.dumps({"out": dst.tolist(), "listed": listed[0],
                   "restored": tl.core.is_builtin(tl.program_id)
-                  and not hasattr(tl, "_glm53_patched_for_interpreter")}))
+                  and not hasattr(tl, "PATCHED_MARK")}))
 """
 _PROGRAMS, _STEPS = 4, 10
 
@@ -212,8 +213,8 @@ def test_the_patch_once_fix_lists_the_language_once_a_launch_and_computes_the_sa
     2 x STEPS x PROGRAMS device calls; the overlay's only at the launch; both write the same
     bits, and the launch's patch is undone after it."""
     overlay = overlays["0.28.0"]
-    probe = _NESTED_PROBE.replace("PROGRAMS", str(_PROGRAMS)).replace("STEPS=STEPS",
-                                                                       f"STEPS={_STEPS}")
+    probe = _NESTED_PROBE.replace("PROGRAMS", str(_PROGRAMS)).replace(
+        "STEPS=STEPS", f"STEPS={_STEPS}").replace("PATCHED_MARK", PATCHED_MARK)
     runs = {}
     for fixed in (False, True):
         env = {"TRITON_INTERPRET": "1", **({"PYTHONPATH": str(overlay.path)} if fixed else {})}
