@@ -10,6 +10,7 @@ unit and engine tiers.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -104,6 +105,10 @@ def make_cluster(tmp: Path, rank_command: str, **settings) -> Cluster:
                 "SELF_CHECK": 0}
     env = launcher_env(tmp, nodes=1, **{**defaults, **settings})
     env.setdefault("PYTHONDONTWRITEBYTECODE", "1")
+    # the sealed environment keeps the test's temporary directory (the engine tier's is
+    # removed at its end, with what the ranks' engines leave there)
+    if "TMPDIR" in os.environ:
+        env.setdefault("TMPDIR", os.environ["TMPDIR"])
     return Cluster(tmp, state, env)
 
 

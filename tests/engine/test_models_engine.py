@@ -5,6 +5,7 @@ exactly what the target's own greedy output predicts, position by position."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from tokenizers import Tokenizer
@@ -73,3 +74,12 @@ def test_drafter_acceptance_is_exactly_as_predicted(server, server_plain, models
         assert (drafts, per_position) == expected, prompt
         if drafted == "blind":  # the set is hit: neither all nor none accepted
             assert 0 < sum(per_position) < K * drafts
+
+
+def test_engines_leave_their_temporary_files_in_the_sessions_directory(server_plain, engine_tmpdir):
+    """The engines' gloo stores and IPC sockets go to the session's directory (removed at its
+    end, conftest.engine_tmpdir), not to the system's."""
+    assert os.environ["TMPDIR"] == str(engine_tmpdir)
+    names = [path.name for path in engine_tmpdir.iterdir()]
+    assert any(name.startswith("vllm_dist_") for name in names), (
+        f"no engine wrote its gloo store to {engine_tmpdir}: {sorted(names)[:10]}")
