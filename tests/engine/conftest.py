@@ -8,8 +8,6 @@ once, on the first request for any of them, and stops them all at the end of the
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,15 +71,10 @@ def engine_tmpdir():
     TMPDIR; this process keeps the directory it had, so pytest's own tmp_path is unchanged.
     """
     tempfile.gettempdir()  # cached before TMPDIR changes: the worker's own stay where they were
-    path = tempfile.mkdtemp(prefix="glm53-engine-tier-")
-    before = os.environ.get("TMPDIR")
-    os.environ["TMPDIR"] = path
-    yield Path(path)
-    if before is None:
-        os.environ.pop("TMPDIR", None)
-    else:
-        os.environ["TMPDIR"] = before
-    shutil.rmtree(path, ignore_errors=True)
+    with (tempfile.TemporaryDirectory(prefix="glm53-engine-tier-", ignore_cleanup_errors=True)
+          as path, pytest.MonkeyPatch.context() as patch):
+        patch.setenv("TMPDIR", path)
+        yield Path(path)
 
 
 @pytest.fixture(scope="session")
