@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from recipekit.vllm_sources import release_tree
+from tests.prewarmed import prewarmed
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,9 +48,29 @@ def tree_digest(root: Path) -> dict[str, str]:
     }
 
 
+# What vLLM's API server imports besides vLLM, less what must stay out: transformers (and
+# xgrammar, which imports it) decides at import which of torchvision, torchaudio and
+# torchcodec it may use, and the probes hide those first (tests/vllm/test_launcher_vllm_args.py
+# says why); opencv, grpc and OpenTelemetry start threads. About 5 CPU-seconds an import on
+# the 2-core CI machine, paid once per worker instead of once per probe.
+VLLM_DEPENDENCIES = (
+    "torch", "torch._inductor", "openai", "fastapi", "pydantic", "zmq", "numpy", "aiohttp",
+    "uvicorn", "triton", "sympy", "safetensors", "tokenizers", "huggingface_hub",
+    "prometheus_client", "msgspec", "PIL", "tiktoken", "cbor2", "psutil", "cloudpickle",
+    "llguidance",
+)
+
+
+def run_python(args, **options) -> subprocess.CompletedProcess:
+    """subprocess.run for a command of this interpreter: forked from one that has imported
+    vLLM's dependencies where the command would run the same alone (tests/prewarmed.py),
+    else a fresh interpreter."""
+    return prewarmed(VLLM_DEPENDENCIES).run(args, **options)
+
+
 def run_script(*args: str, cwd: Path = REPO_ROOT, env: dict | None = None):
     """Run a repository script with this interpreter; returns the CompletedProcess."""
-    return subprocess.run(
+    return run_python(
         [sys.executable, *args], cwd=cwd, capture_output=True, text=True,
         env={**os.environ, **(env or {})}, timeout=900, check=False,
     )
@@ -78,7 +99,7 @@ def run_probes(tree: Path, cases: dict[str, dict], preload: list[str], fresh: li
         request.write_text(json.dumps({"preload": preload, "fresh": fresh, "cases": [
             {**cases[name], "script": str(REPO_ROOT / "tests/vllm/probes" / cases[name]["script"])}
             for name in names]}))
-        result = subprocess.run(
+        result = run_python(
             [sys.executable, str(REPO_ROOT / "tests/vllm/probes/runner.py"), str(request), str(answer)],
             capture_output=True, text=True, timeout=900 + 300 * len(cases), check=False,
             env={**(os.environ if env is None else env), "PYTHONPATH": str(tree),

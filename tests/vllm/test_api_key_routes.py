@@ -16,8 +16,8 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -26,7 +26,7 @@ from recipekit.layers import load_layer, run_layer
 from recipekit.layers.v8_api_key import HELPER_SOURCE, helper_of, middleware_files, open_paths
 from recipekit.tree import TreeView
 from tests.unit.test_launcher_refusals import core_refusal
-from tests.vllm.conftest import REPO_ROOT, answered_by
+from tests.vllm.conftest import REPO_ROOT, answered_by, run_python
 
 TREES = ("fork", "0.27.1", "0.30.0", "0.33.0", "0.34.0")
 # what the probe runs of vLLM (the app, its middleware, `vllm serve`'s options): a tree
@@ -67,20 +67,22 @@ def probed(tmp_path_factory, release):
     """{tree: (patched root, the probe's JSON)}: each distinct tree patched, then probed, all
     at once; a tree answered by another's probe (conftest.answered_by) gets that one's."""
     answering = answered_by(TREES, PROBED_PACKAGES, release)
-    runs = {}
-    for version in dict.fromkeys(answering.values()):  # each answering tree once, in order
-        root = tmp_path_factory.mktemp(f"keys-{version}")
-        shutil.copytree(release(version), root, dirs_exist_ok=True, copy_function=os.link)
-        result = run_layer(load_layer("v8_api_key"), root, import_check="off")
-        assert result.outcome == "applied", (version, result)
-        runs[version] = (root, subprocess.Popen(
-            [sys.executable, str(PROBE)], cwd=root, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(root)}))
-    out = {}
-    for version, (root, process) in runs.items():
-        stdout, stderr = process.communicate(timeout=900)
-        assert process.returncode == 0, (version, stderr[-3000:])
-        out[version] = (root, json.loads(stdout.strip().splitlines()[-1]))
+    # the probes run side by side, each forked from the prewarmed interpreter
+    with ThreadPoolExecutor() as probes:
+        runs = {}
+        for version in dict.fromkeys(answering.values()):  # each answering tree once, in order
+            root = tmp_path_factory.mktemp(f"keys-{version}")
+            shutil.copytree(release(version), root, dirs_exist_ok=True, copy_function=os.link)
+            result = run_layer(load_layer("v8_api_key"), root, import_check="off")
+            assert result.outcome == "applied", (version, result)
+            runs[version] = (root, probes.submit(
+                run_python, [sys.executable, str(PROBE)], cwd=root, capture_output=True, text=True,
+                env={**os.environ, "PYTHONPATH": str(root)}, timeout=900))
+        out = {}
+        for version, (root, run) in runs.items():
+            result = run.result()
+            assert result.returncode == 0, (version, result.stderr[-3000:])
+            out[version] = (root, json.loads(result.stdout.strip().splitlines()[-1]))
     return {tree: out[answering[tree]] for tree in TREES}
 
 

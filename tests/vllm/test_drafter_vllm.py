@@ -9,13 +9,13 @@ config with vLLM's own `get_config`, exactly as it loads a draft model directory
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
 from recipekit.drafters.cli import main
 from tests.unit.test_drafter_synthetic import make_dflash2_g, make_incoai
+from tests.vllm.conftest import run_python
 
 VLLM_READS = r"""
 import json, sys
@@ -40,7 +40,7 @@ print(json.dumps(result))
 
 
 def vllm_reads(paths):
-    result = subprocess.run(
+    result = run_python(
         [sys.executable, "-c", VLLM_READS, json.dumps({k: str(v) for k, v in paths.items()})],
         check=False,
         capture_output=True,

@@ -4,13 +4,13 @@ the parser's one-line error, flags it takes are ok. The probe runs as in the ima
 `python3 -c`, after the hiding of torchvision this venv needs (tests/vllm/test_launcher_vllm_args.py)."""
 
 import json
-import subprocess
 import sys
 from importlib import metadata
 
 import pytest
 
 from launcher.plan import extra_args
+from tests.vllm.conftest import run_python
 from tests.vllm.test_launcher_vllm_args import PARSE_PROBE
 
 HIDE_TORCHVISION = PARSE_PROBE.split("import vllm.platforms")[0]
@@ -23,7 +23,7 @@ HIDE_TORCHVISION = PARSE_PROBE.split("import vllm.platforms")[0]
 def test_the_probe_answers_as_vllms_parser_does(words, answer):
     assert metadata.version("vllm") == "0.30.0"
     source = HIDE_TORCHVISION + extra_args.PROBE.read_text()
-    result = subprocess.run([sys.executable, "-c", source, json.dumps(words)],
+    result = run_python([sys.executable, "-c", source, json.dumps(words)],
                             capture_output=True, text=True, timeout=600, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads(result.stdout.strip().splitlines()[-1]) == answer

@@ -18,14 +18,13 @@ import json
 import math
 import os
 import shutil
-import subprocess
 import sys
 import types
 
 import pytest
 
 from recipekit.backport import load_manifest, salt_diff_file_name, salt_shapes, sha256_text
-from tests.vllm.conftest import REPO_ROOT, patch_layer, tree_digest
+from tests.vllm.conftest import REPO_ROOT, patch_layer, run_python, tree_digest
 
 GUMBEL_CALLS = {"gumbel_sample": "is_drafting", "gumbel_block_argmax": "IS_DRAFTING",
                 "gumbel_noised_argmax": "IS_DRAFTING"}
@@ -239,7 +238,7 @@ def _streams(label, root, tmp_path):
     request.write_text(json.dumps({"seeds": STEP_SEEDS, "noise_seeds": 8,
                                    "alone_seeds": ALONE_SEEDS, "pos": 17,
                                    "p": STEP_P, "q": STEP_Q}))
-    result = subprocess.run([sys.executable, str(GUMBEL_STREAMS), str(root), str(request)],
+    result = run_python([sys.executable, str(GUMBEL_STREAMS), str(root), str(request)],
                             capture_output=True, text=True, timeout=900, check=False,
                             env={**os.environ, "TRITON_INTERPRET": "1",
                                  "PYTHONDONTWRITEBYTECODE": "1"})

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -20,7 +19,7 @@ import torch
 
 from tests.gpu import glm5next_models as tiny
 from tests.gpu.mqa_logits_reference import INDEXER_MODULES
-from tests.vllm.conftest import REPO_ROOT
+from tests.vllm.conftest import REPO_ROOT, run_python
 
 PROBE = REPO_ROOT / "tests/vllm/probes/glm5next_tiny_build.py"
 STANDIN = REPO_ROOT / "tests/gpu/standin"  # as part d's servers have it
@@ -37,7 +36,7 @@ def built(tmp_path_factory, release):
     dirs = [str(tiny.write(root / variant, variant)) for variant in tiny.VARIANTS]
     dirs.append(str(tiny.write(root / "tokenwise", "tokenwise",
                                tokenizer=models.margin_target_dir())))
-    done = subprocess.run([sys.executable, str(PROBE), *dirs], cwd=root, capture_output=True,
+    done = run_python([sys.executable, str(PROBE), *dirs], cwd=root, capture_output=True,
                           text=True, timeout=600,
                           env={**os.environ, "PYTHONPATH": os.pathsep.join(
                               [str(STANDIN), str(release("0.30.0"))])})

@@ -9,13 +9,12 @@ all variants run once per module.
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 import pytest
 
 from recipekit.layers.v13_groups import KPOOL_KERNELS
-from tests.vllm.conftest import REPO_ROOT, run_script
+from tests.vllm.conftest import REPO_ROOT, run_python, run_script
 
 SCENARIOS = ("k7-c1", "k7-c2", "mtp-k4-c2", "k5-c4", "k7-chunked")
 
@@ -27,7 +26,7 @@ def simulation(tmp_path_factory, release):
     result = run_script("scripts/patch-layer", "v13", "--root", str(root), "--import-check", "off")
     assert result.returncode == 0, result.stderr
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONDONTWRITEBYTECODE": "1"}
-    run = subprocess.run(
+    run = run_python(
         [sys.executable, str(REPO_ROOT / "tests/vllm/kpool_ring_sim.py"),
          "--kernels", str(root / KPOOL_KERNELS), "--switches", str(root / "vllm/glm53_v13_switches.py"),
          "--stock", str(release("0.30.0") / KPOOL_KERNELS), "--upstream", str(release("0.33.0") / KPOOL_KERNELS)],

@@ -6,7 +6,6 @@ knob intends: speculative config, capture sizes, KV bytes, context, eager, multi
 """
 
 import json
-import subprocess
 import sys
 from importlib import metadata
 
@@ -20,6 +19,7 @@ from tests.unit.test_launcher_support import (
     serve_commands,
     vllm_argv,
 )
+from tests.vllm.conftest import run_python
 
 MODEL = "LibertAIDAI/GLM-5.3-Flash-NVFP4"
 PINNED = {"MODEL_REVISION": MODEL_PIN, "DRAFTER_REVISION": DRAFTER_PIN}
@@ -186,7 +186,7 @@ def parsed(tmp_path_factory):
     # Controls: the parser does refuse an unknown flag and a backend it does not have.
     argvs.append(["serve", MODEL, "--no-such-flag"])
     argvs.append(["serve", MODEL, "--moe-backend", "no_such_backend"])
-    result = subprocess.run([sys.executable, "-c", PARSE_PROBE], input=json.dumps(argvs),
+    result = run_python([sys.executable, "-c", PARSE_PROBE], input=json.dumps(argvs),
                             capture_output=True, text=True, timeout=600, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads(result.stdout.splitlines()[-1])

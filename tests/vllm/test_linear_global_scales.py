@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from recipekit.layers.v8_linear_scales import HELPER, TARGET
-from tests.vllm.conftest import REPO_ROOT, patch_layer
+from tests.vllm.conftest import REPO_ROOT, patch_layer, run_python
 
 PROBED_TREES = ("0.30.0", "0.33.0", "0.34.0")
 TREES = ("0.27.1", "fork", *PROBED_TREES)
@@ -27,21 +27,23 @@ EXACT_BOUND = 1e-6  # float64 against float64: the float32 factor's rounding is 
 
 @pytest.fixture(scope="module")
 def probed(tmp_path_factory, release):
-    runs = {}
-    for version in PROBED_TREES:
-        root = tmp_path_factory.mktemp(f"linear-{version}")
-        shutil.copytree(release(version), root, dirs_exist_ok=True, copy_function=os.link)
-        code, report, stderr = patch_layer("v8_linear_scales", root, "--import-check", "off")
-        assert code == 0 and report["outcome"] == "applied", (version, report, stderr)
-        runs[version] = subprocess.Popen(
-            [sys.executable, str(PROBES / "linear_global_scales.py")], cwd=root,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{PROBES}"})
-    out = {}
-    for version, process in runs.items():
-        stdout, stderr = process.communicate(timeout=600)
-        assert process.returncode == 0, (version, stderr[-3000:])
-        out[version] = json.loads(stdout.strip().splitlines()[-1])
+    # the probes run side by side, each forked from the prewarmed interpreter
+    with ThreadPoolExecutor() as probes:
+        runs = {}
+        for version in PROBED_TREES:
+            root = tmp_path_factory.mktemp(f"linear-{version}")
+            shutil.copytree(release(version), root, dirs_exist_ok=True, copy_function=os.link)
+            code, report, stderr = patch_layer("v8_linear_scales", root, "--import-check", "off")
+            assert code == 0 and report["outcome"] == "applied", (version, report, stderr)
+            runs[version] = probes.submit(
+                run_python, [sys.executable, str(PROBES / "linear_global_scales.py")], cwd=root,
+                capture_output=True, text=True, timeout=600,
+                env={**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{PROBES}"})
+        out = {}
+        for version, run in runs.items():
+            result = run.result()
+            assert result.returncode == 0, (version, result.stderr[-3000:])
+            out[version] = json.loads(result.stdout.strip().splitlines()[-1])
     return out
 
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from recipekit.layers.v8_moe_scales import HELPER, TARGET
-from tests.vllm.conftest import REPO_ROOT, answered_by, patch_layer
+from tests.vllm.conftest import REPO_ROOT, answered_by, patch_layer, run_python
 
 TREES = ("fork", "0.27.1", "0.30.0", "0.33.0", "0.34.0")
 # what the probe runs of vLLM: a tree identical here to an earlier one is answered by its probe
@@ -30,20 +30,22 @@ def probed(tmp_path_factory, release):
     """Each distinct tree patched by v8_moe_scales, and the probe's JSON on it (all at once),
     by every tree it answers for (conftest.answered_by)."""
     answering = answered_by(TREES, PROBED_PACKAGES, release)
-    runs = {}
-    for version in dict.fromkeys(answering.values()):  # each answering tree once, in order
-        root = tmp_path_factory.mktemp(f"moe-{version}")
-        shutil.copytree(release(version), root, dirs_exist_ok=True, copy_function=os.link)
-        code, report, stderr = patch_layer("v8_moe_scales", root, "--import-check", "off")
-        assert code == 0 and report["outcome"] == "applied", (version, report, stderr)
-        runs[version] = subprocess.Popen(
-            [sys.executable, str(PROBE)], cwd=root, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(root)})
-    out = {}
-    for version, process in runs.items():
-        stdout, stderr = process.communicate(timeout=600)
-        assert process.returncode == 0, (version, stderr[-3000:])
-        out[version] = json.loads(stdout.strip().splitlines()[-1])
+    # the probes run side by side, each forked from the prewarmed interpreter
+    with ThreadPoolExecutor() as probes:
+        runs = {}
+        for version in dict.fromkeys(answering.values()):  # each answering tree once, in order
+            root = tmp_path_factory.mktemp(f"moe-{version}")
+            shutil.copytree(release(version), root, dirs_exist_ok=True, copy_function=os.link)
+            code, report, stderr = patch_layer("v8_moe_scales", root, "--import-check", "off")
+            assert code == 0 and report["outcome"] == "applied", (version, report, stderr)
+            runs[version] = probes.submit(
+                run_python, [sys.executable, str(PROBE)], cwd=root, capture_output=True, text=True,
+                env={**os.environ, "PYTHONPATH": str(root)}, timeout=600)
+        out = {}
+        for version, run in runs.items():
+            result = run.result()
+            assert result.returncode == 0, (version, result.stderr[-3000:])
+            out[version] = json.loads(result.stdout.strip().splitlines()[-1])
     return {tree: out[answering[tree]] for tree in TREES}
 
 

@@ -8,12 +8,11 @@ the table is printed (pytest -s) and docs/prefix-reuse.md quotes it.
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 import pytest
 
-from tests.vllm.conftest import REPO_ROOT, patch_layer
+from tests.vllm.conftest import REPO_ROOT, patch_layer, run_python
 
 CASES = [
     "pin-target", "pin-drafter",
@@ -38,7 +37,7 @@ FORK_FULL_BLOCK_CASES = ["pin-drafter-fullblock", "accept-sync-roomy-fullblock",
 
 
 def run_probe(tree, *extra_cases):
-    result = subprocess.run(
+    result = run_python(
         [sys.executable, str(REPO_ROOT / "tests/vllm/probes/glm5next_prefix_reuse.py"), *CASES, *extra_cases],
         capture_output=True, text=True, timeout=300, check=False,
         env={**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"},

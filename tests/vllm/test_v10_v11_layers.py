@@ -3,12 +3,11 @@ fork shape, provided by 0.33.0, refused on 0.27.1 and on drift."""
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
-from tests.vllm.conftest import REPO_ROOT, patch_layer, tree_digest
+from tests.vllm.conftest import REPO_ROOT, patch_layer, run_python, tree_digest
 
 NO_GLM5NEXT = "the base has no Glm5Next"
 
@@ -18,7 +17,7 @@ def patch(layer, root, *extra):
 
 
 def probe(script, tree, *args):
-    result = subprocess.run(
+    result = run_python(
         [sys.executable, str(REPO_ROOT / "tests/vllm/probes" / script), *args],
         capture_output=True, text=True, timeout=600, check=False,
         env={**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"},

@@ -5,7 +5,6 @@ patched functions run on CPU torch with the switches on and off."""
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 import pytest
@@ -13,7 +12,7 @@ import pytest
 from recipekit.layers.v13_groups import (
     GROUPS, INDEXER, KPOOL_KERNELS, MODEL_RUNNER, REJECTION_SAMPLER, ROUTER, TAIL_CACHE, WEIGHT_FILTER,
 )
-from tests.vllm.conftest import REPO_ROOT, patch_layer, run_probes, run_script, tree_digest
+from tests.vllm.conftest import REPO_ROOT, patch_layer, run_probes, run_python, run_script, tree_digest
 
 BASES = ["0.30.0", "fork"]
 SWITCHES = [group.variable for group in GROUPS]
@@ -34,7 +33,7 @@ def without_switches() -> dict[str, str]:
 def run_probe(tree, name: str, switches: dict[str, str], *args: str):
     env = without_switches()
     env.update(PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1", **switches)
-    return subprocess.run(
+    return run_python(
         [sys.executable, str(REPO_ROOT / "tests/vllm/probes" / name), *args],
         capture_output=True, text=True, timeout=900, check=False, env=env,
     )

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from recipekit.flashinfer_sources import flashinfer_tree
-from tests.vllm.conftest import REPO_ROOT, patch_layer, tree_digest
+from tests.vllm.conftest import REPO_ROOT, patch_layer, run_python, tree_digest
 
 PROBES = REPO_ROOT / "tests/vllm/probes"
 CUDA = "vllm/platforms/cuda.py"
@@ -187,7 +187,7 @@ def fa_planner(tmp_path_factory, release):
             code, report = patch(target, "--import-check", "off")
             assert (code, report["outcome"]) == (0, "applied"), report["reason"]
             shutil.rmtree(target / "vllm")  # the probe imports FlashInfer alone
-        result = subprocess.run(
+        result = run_python(
             [sys.executable, str(PROBES / "flashinfer07_fp8_plan.py")], capture_output=True,
             text=True, timeout=300, check=False,
             env={**os.environ, "PYTHONPATH": str(target), "PYTHONDONTWRITEBYTECODE": "1"})
@@ -357,7 +357,7 @@ def dispatch(patched_0300, release, tmp_path_factory):
     )
     reports = {}
     for name, tree in (("stock", stock), ("patched", patched_0300[0])):
-        result = subprocess.run(
+        result = run_python(
             [sys.executable, str(PROBES / "sm121_dispatch.py")],
             capture_output=True,
             text=True,
@@ -424,7 +424,7 @@ def test_v7c_pool_ids_past_pool_len_expand_to_minus_one(patched_0300, release):
     """The Triton kernel itself, stock and patched, in Triton's CPU interpreter."""
     rows = {}
     for name, tree in (("stock", release("0.30.0")), ("patched", patched_0300[0])):
-        result = subprocess.run(
+        result = run_python(
             [sys.executable, str(PROBES / "kpool_expand.py"), str(tree / KPOOL)],
             capture_output=True,
             text=True,

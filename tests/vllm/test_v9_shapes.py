@@ -8,13 +8,12 @@ fork image, here the fork-shaped stand-in). vLLM's own code runs on CPU torch: i
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 import pytest
 
 from recipekit.backport import LOGITS_CACHE, SHAPES, generate, load_manifest, sha256_text
-from tests.vllm.conftest import REPO_ROOT, patch_layer, run_script, tree_digest
+from tests.vllm.conftest import REPO_ROOT, patch_layer, run_python, run_script, tree_digest
 
 pytest.importorskip("torch", reason="the vllm tier needs CPU torch 2.13.0 (scripts/test installs it)")
 
@@ -38,7 +37,7 @@ def patched(tmp_path_factory, release, diff_dir):
 
 
 def base_shape_probe(root, *configs):
-    result = subprocess.run(
+    result = run_python(
         [sys.executable, str(REPO_ROOT / "tests/vllm/probes/dflash2_base_shape.py"), *map(str, configs)],
         capture_output=True, text=True, timeout=600, check=False,
         env={**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1"},

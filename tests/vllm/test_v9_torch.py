@@ -2,12 +2,11 @@
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
-from tests.vllm.conftest import REPO_ROOT, run_script
+from tests.vllm.conftest import REPO_ROOT, run_python, run_script
 
 torch = pytest.importorskip("torch", reason="the vllm tier needs CPU torch 2.13.0 (scripts/test installs it)")
 
@@ -27,7 +26,7 @@ def patched_0_27_1(tmp_path_factory, release):
 
 def test_dflash2_pure_torch_parts_match_plain_loops(patched_0_27_1):
     probe = REPO_ROOT / "tests/vllm/probes/dflash2_parts.py"
-    result = subprocess.run(
+    result = run_python(
         [sys.executable, str(probe)], capture_output=True, text=True, timeout=600, check=False,
         env={**os.environ, "PYTHONPATH": str(patched_0_27_1), "PYTHONDONTWRITEBYTECODE": "1"},
     )

@@ -10,7 +10,6 @@ import ast
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 import pytest
@@ -27,7 +26,7 @@ from recipekit.layers.v13_weights import (
     resolved_owners,
 )
 from recipekit.tree import TreeView
-from tests.vllm.conftest import REPO_ROOT
+from tests.vllm.conftest import REPO_ROOT, run_python
 
 GLM5NEXT_RELEASES = ("0.30.0", "0.33.0", "0.34.0")
 # the seed's v13 list: group -> (the layer type that holds it, its linears, the vLLM class
@@ -166,7 +165,7 @@ torch = pytest.importorskip("torch", reason="the vllm tier needs CPU torch (scri
 
 def run_probe(release, name: str) -> dict:
     """A probe of tests/vllm/probes on HELPER_SOURCE with vLLM 0.30.0's tree: its JSON line."""
-    result = subprocess.run(
+    result = run_python(
         [sys.executable, str(REPO_ROOT / "tests/vllm/probes" / name), str(HELPER_SOURCE)],
         capture_output=True, text=True, timeout=900, check=False,
         env={**os.environ, "PYTHONPATH": str(release("0.30.0")), "PYTHONDONTWRITEBYTECODE": "1"})
@@ -295,7 +294,7 @@ def test_load_cost_probe_measures_one_scaling(release, scales):
     """tests/vllm/probes/nvfp4_load_cost.py, which docs/quality.md's load-time figure comes
     from, on a small shape: its output is the packed weight, scales and global scale."""
     probe = REPO_ROOT / "tests/vllm/probes/nvfp4_load_cost.py"
-    result = subprocess.run(
+    result = run_python(
         [sys.executable, str(probe), str(HELPER_SOURCE), "256", "4096", scales],
         capture_output=True, text=True, timeout=600, check=False,
         env={**os.environ, "PYTHONPATH": str(release("0.30.0")), "PYTHONDONTWRITEBYTECODE": "1"})
