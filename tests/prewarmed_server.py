@@ -115,7 +115,6 @@ def run_command(request: dict, fds: list[int], base_path: list[str]) -> int:
     try:
         threading._shutdown()  # noqa: SLF001 - the interpreter's own wait for threads at exit
         atexit._run_exitfuncs()  # noqa: SLF001
-        gc.collect()
     except BaseException:  # noqa: BLE001
         traceback.print_exc()
     flush(sys.stdout)
@@ -250,6 +249,9 @@ def main() -> None:
         print("prewarmed: started with PYTHONPATH; the commands' paths come with each",
               file=sys.stderr)
         sys.exit(2)
+    # the preloaded objects out of the collector's reach: a collection in a command would
+    # otherwise write to every one of them and copy the whole heap into the fork
+    gc.freeze()
     Server(socket_path).serve()
 
 
