@@ -115,6 +115,8 @@ class Prewarmed:
             return "not this interpreter"
         if args[1].startswith("-") and not (args[1] == "-c" and len(args) > 2):
             return f"interpreter option {args[1]}"
+        if args[1] != "-c" and not os.path.isfile(os.path.join(cwd, args[1])):
+            return "not a script file"  # a folder or zip with __main__, or missing
         for key in sorted(set(env) | set(self.env)):
             if env.get(key) != self.env.get(key) and not (
                     key in FREE_KEYS or key.startswith(FREE_PREFIXES)):

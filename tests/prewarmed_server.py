@@ -22,12 +22,13 @@ the tests' packages, so nothing of the repository is loaded into the commands' p
 from __future__ import annotations
 
 import atexit
+import builtins
 import gc
 import importlib
+import importlib.machinery
 import io
 import json
 import os
-import runpy
 import selectors
 import signal
 import socket
@@ -37,8 +38,8 @@ import traceback
 import types
 
 MAX_MESSAGE = 1 << 22
-# the files of the frames between the fork and a command's code
-MACHINERY = frozenset({__file__, runpy.__file__, "<frozen runpy>"})
+# the file of the frames between the fork and a command's code
+MACHINERY = frozenset({__file__})
 # the first entries of the interpreter's own search path (its zipped and plain library)
 STDLIB = frozenset({sys._stdlib_dir, os.path.join(  # noqa: SLF001
     os.path.dirname(sys._stdlib_dir), f"python{sys.version_info[0]}{sys.version_info[1]}.zip")})  # noqa: SLF001
@@ -94,14 +95,19 @@ def run_command(request: dict, fds: list[int], base_path: list[str]) -> int:
         sys.argv = list(argv)
         sys.path[:] = [os.path.dirname(os.path.realpath(argv[0])), *path]
     code = 0
+    # __main__ as the interpreter makes it for `-c CODE` or a script file
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__builtins__=builtins, __annotations__={})
+    if argv[0] == "-c":
+        main.__loader__, source, filename = importlib.machinery.BuiltinImporter, argv[1], "<string>"
+    else:
+        filename = argv[0]
+        main.__loader__ = importlib.machinery.SourceFileLoader("__main__", filename)
+        main.__file__, main.__cached__ = filename, None
+        source = main.__loader__.get_data(filename)
+    sys.modules["__main__"] = main
     try:
-        if argv[0] == "-c":
-            main = types.ModuleType("__main__")
-            main.__dict__["__builtins__"] = __builtins__
-            sys.modules["__main__"] = main
-            exec(compile(argv[1], "<string>", "exec"), main.__dict__)  # noqa: S102 - the command's own code
-        else:
-            runpy.run_path(argv[0], run_name="__main__")
+        exec(compile(source, filename, "exec", dont_inherit=True), main.__dict__)  # noqa: S102 - the command's own code
     except SystemExit as done:
         code = exit_code(done)
     except BaseException:  # noqa: BLE001 - reported as the interpreter reports it
@@ -111,10 +117,17 @@ def run_command(request: dict, fds: list[int], base_path: list[str]) -> int:
             frames = frames.tb_next
         flush(sys.stdout)
         sys.excepthook(kind, error.with_traceback(frames), frames)
+        del kind, error, frames
         code = 1
     try:
         threading._shutdown()  # noqa: SLF001 - the interpreter's own wait for threads at exit
         atexit._run_exitfuncs()  # noqa: SLF001
+        # then, as the interpreter's teardown does, the command's globals go one by one, so
+        # what they held is finalized in order (an unclosed file's text, then its buffer, is
+        # written); the collection sees only the command's own objects (the preloaded are
+        # frozen)
+        main.__dict__.clear()
+        gc.collect()
     except BaseException:  # noqa: BLE001
         traceback.print_exc()
     flush(sys.stdout)
