@@ -38,8 +38,6 @@ import traceback
 import types
 
 MAX_MESSAGE = 1 << 22
-# the file of the frames between the fork and a command's code
-MACHINERY = frozenset({__file__})
 # the first entries of the interpreter's own search path (its zipped and plain library)
 STDLIB = frozenset({sys._stdlib_dir, os.path.join(  # noqa: SLF001
     os.path.dirname(sys._stdlib_dir), f"python{sys.version_info[0]}{sys.version_info[1]}.zip")})  # noqa: SLF001
@@ -63,21 +61,47 @@ def flush(stream) -> None:
         pass
 
 
-def run_command(request: dict, fds: list[int], base_path: list[str]) -> int:
-    """In the child: the command's stdio, directory, environment, path and argv, then its
-    code as __main__; what the interpreter would do at exit (join threads, atexit)."""
+def take_stdio(fds: list[int]) -> None:
+    """The command's three descriptors as 0, 1 and 2, and sys's streams over them as the
+    interpreter makes them at start: stderr line-buffered, stdout when a tty."""
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
     for number, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
         old = getattr(sys, name)
-        # as the interpreter makes them at start: stderr line-buffered, stdout when a tty
         stream = io.TextIOWrapper(
             io.open(number, mode + "b", closefd=False), encoding=old.encoding,
             errors=old.errors, newline="\n", write_through=old.write_through,
             line_buffering=name == "stderr" or (name == "stdout" and os.isatty(number)))
         setattr(sys, name, stream)
         setattr(sys, f"__{name}__", stream)
+
+
+def search_path(argv: list[str], python_path: list[str], base_path: list[str]) -> list[str]:
+    """sys.path as a fresh interpreter builds it: the script's folder ('' for -c), then
+    what .pth files put first, PYTHONPATH, the standard library and the rest."""
+    stdlib = next((i for i, entry in enumerate(base_path) if entry in STDLIB), 0)
+    first = "" if argv[0] == "-c" else os.path.dirname(os.path.realpath(argv[0]))
+    return [first, *base_path[:stdlib], *python_path, *base_path[stdlib:]]
+
+
+def main_module(argv: list[str]) -> tuple[types.ModuleType, str | bytes, str]:
+    """(__main__ as the interpreter makes it for `-c CODE` or a script file, its source,
+    the file name its code reports)."""
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__builtins__=builtins, __annotations__={})
+    if argv[0] == "-c":
+        main.__loader__ = importlib.machinery.BuiltinImporter
+        return main, argv[1], "<string>"
+    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", argv[0])
+    main.__file__, main.__cached__ = argv[0], None
+    return main, main.__loader__.get_data(argv[0]), argv[0]
+
+
+def run_command(request: dict, fds: list[int], base_path: list[str]) -> int:
+    """In the child: the command's stdio, directory, environment, path and argv, its code
+    run as __main__, then what the interpreter does at exit; its exit status."""
+    take_stdio(fds)
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
@@ -85,27 +109,11 @@ def run_command(request: dict, fds: list[int], base_path: list[str]) -> int:
     if "numpy.random" in sys.modules:  # its global generator, seeded at import, anew
         sys.modules["numpy.random"].seed()
     argv = request["argv"]
-    # PYTHONPATH goes before the standard library, after what .pth files put first
-    stdlib = next((i for i, entry in enumerate(base_path) if entry in STDLIB), 0)
-    path = [*base_path[:stdlib], *request["python_path"], *base_path[stdlib:]]
-    if argv[0] == "-c":
-        sys.argv = ["-c", *argv[2:]]
-        sys.path[:] = ["", *path]
-    else:
-        sys.argv = list(argv)
-        sys.path[:] = [os.path.dirname(os.path.realpath(argv[0])), *path]
-    code = 0
-    # __main__ as the interpreter makes it for `-c CODE` or a script file
-    main = types.ModuleType("__main__")
-    main.__dict__.update(__builtins__=builtins, __annotations__={})
-    if argv[0] == "-c":
-        main.__loader__, source, filename = importlib.machinery.BuiltinImporter, argv[1], "<string>"
-    else:
-        filename = argv[0]
-        main.__loader__ = importlib.machinery.SourceFileLoader("__main__", filename)
-        main.__file__, main.__cached__ = filename, None
-        source = main.__loader__.get_data(filename)
+    sys.argv = ["-c", *argv[2:]] if argv[0] == "-c" else list(argv)
+    sys.path[:] = search_path(argv, request["python_path"], base_path)
+    main, source, filename = main_module(argv)
     sys.modules["__main__"] = main
+    code = 0
     try:
         exec(compile(source, filename, "exec", dont_inherit=True), main.__dict__)  # noqa: S102 - the command's own code
     except SystemExit as done:
@@ -113,7 +121,7 @@ def run_command(request: dict, fds: list[int], base_path: list[str]) -> int:
     except BaseException:  # noqa: BLE001 - reported as the interpreter reports it
         kind, error, frames = sys.exc_info()
         # from the command's own first frame, as a fresh interpreter's traceback starts
-        while frames is not None and frames.tb_frame.f_code.co_filename in MACHINERY:
+        while frames is not None and frames.tb_frame.f_code.co_filename == __file__:
             frames = frames.tb_next
         flush(sys.stdout)
         sys.excepthook(kind, error.with_traceback(frames), frames)
