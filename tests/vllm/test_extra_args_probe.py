@@ -24,6 +24,6 @@ def test_the_probe_answers_as_vllms_parser_does(words, answer):
     assert metadata.version("vllm") == "0.30.0"
     source = HIDE_TORCHVISION + extra_args.PROBE.read_text()
     result = run_python([sys.executable, "-c", source, json.dumps(words)],
-                            capture_output=True, text=True, timeout=600, check=False)
+                        capture_output=True, text=True, timeout=600, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads(result.stdout.strip().splitlines()[-1]) == answer

@@ -239,9 +239,9 @@ def _streams(label, root, tmp_path):
                                    "alone_seeds": ALONE_SEEDS, "pos": 17,
                                    "p": STEP_P, "q": STEP_Q}))
     result = run_python([sys.executable, str(GUMBEL_STREAMS), str(root), str(request)],
-                            capture_output=True, text=True, timeout=900, check=False,
-                            env={**os.environ, "TRITON_INTERPRET": "1",
-                                 "PYTHONDONTWRITEBYTECODE": "1"})
+                        capture_output=True, text=True, timeout=900, check=False,
+                        env={**os.environ, "TRITON_INTERPRET": "1",
+                             "PYTHONDONTWRITEBYTECODE": "1"})
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["gumbel_file"].startswith(str(root))

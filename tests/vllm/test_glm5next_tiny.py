@@ -37,9 +37,9 @@ def built(tmp_path_factory, release):
     dirs.append(str(tiny.write(root / "tokenwise", "tokenwise",
                                tokenizer=models.margin_target_dir())))
     done = run_python([sys.executable, str(PROBE), *dirs], cwd=root, capture_output=True,
-                          text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                              [str(STANDIN), str(release("0.30.0"))])})
+                      text=True, timeout=600,
+                      env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                          [str(STANDIN), str(release("0.30.0"))])})
     assert done.returncode == 0, done.stderr[-3000:]
     docs = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     return {doc["variant"]: doc for doc in docs}

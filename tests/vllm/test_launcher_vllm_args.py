@@ -187,7 +187,7 @@ def parsed(tmp_path_factory):
     argvs.append(["serve", MODEL, "--no-such-flag"])
     argvs.append(["serve", MODEL, "--moe-backend", "no_such_backend"])
     result = run_python([sys.executable, "-c", PARSE_PROBE], input=json.dumps(argvs),
-                            capture_output=True, text=True, timeout=600, check=False)
+                        capture_output=True, text=True, timeout=600, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads(result.stdout.splitlines()[-1])
     table = results.pop()
