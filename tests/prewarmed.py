@@ -26,6 +26,7 @@ from __future__ import annotations
 import atexit
 import collections
 import json
+import locale
 import os
 import selectors
 import socket
@@ -237,7 +238,6 @@ class Prewarmed:
 
 def _text(data: bytes) -> str:
     """As subprocess decodes text=True output: the locale's encoding, universal newlines."""
-    import locale
     return data.decode(locale.getpreferredencoding(False)).replace("\r\n", "\n").replace("\r", "\n")
 
 
