@@ -12,7 +12,7 @@ from pathlib import Path
 from recipekit import exact_patch
 from recipekit.exact_patch import PatchPlan, PatchRefused
 from recipekit.tree import TreeView
-from recipekit.verify import import_problems, static_problems, torch_importable
+from recipekit.verify import TorchDoesNotImport, import_problems, static_problems
 
 EXIT_CODES = {"applied": 0, "already-applied": 0, "provided-by-base": 0, "refused": 3}
 
@@ -111,14 +111,17 @@ def _run_layer(layer: Layer, root: Path, check: bool, import_check: str) -> Laye
         pass
     elif import_check == "off":
         notes += "; module imports not checked (--import-check off)"
-    elif import_check == "on" or torch_importable():
-        failures = import_problems(root, modules)
+    else:
+        try:
+            failures = import_problems(root, modules,
+                                       only_where_torch_imports=import_check != "on")
+        except TorchDoesNotImport:
+            return LayerResult(layer.name, "applied", files,
+                               notes + "; module imports not checked (torch does not import here)")
         if failures:
             _restore(root, patch_plan)
             return LayerResult(layer.name, "refused", files, "verify failed: " + "; ".join(failures))
         notes += f"; {len(modules)} touched modules import"
-    else:
-        notes += "; module imports not checked (torch does not import here)"
     return LayerResult(layer.name, "applied", files, notes)
 
 

@@ -177,27 +177,30 @@ def _without_line(problem: str) -> str:
     return f"{path}:{rest.partition(':')[2]}"
 
 
-def torch_importable(python: str = sys.executable) -> bool:
-    probe = subprocess.run([python, "-c", "import torch"], capture_output=True, check=False)
-    return probe.returncode == 0
+class TorchDoesNotImport(RuntimeError):
+    """import_problems was asked to check only where torch imports, and it does not."""
 
 
 # Run by import_problems in an interpreter of its own, cwd the tree (argv: the answer file,
-# then the modules). Importing a module first imports each package above it, whole, in
-# order (`vllm`, then `vllm.v1`, ...), so a fork taken once a package is imported holds
-# exactly what a fresh interpreter holds at that point of importing any module below it.
-# So the interpreter imports torch (every vLLM module does, before anything of the tree),
-# then walks the modules' package tree: each package is imported once, in a fork of its
-# parent package's process, and each module in a fork of its own. A package that fails to
-# import fails every module below it with its error, as each would alone. Should torch's
-# import load anything from the tree (or fail the walk), the walk is made again without it. Writes
-# {module: [exit code, the last line of its stderr]} as JSON.
+# what to do when torch does not import ("skip" or "walk"), then the modules). Importing a
+# module first imports each package above it, whole, in order (`vllm`, then `vllm.v1`, ...),
+# so a fork taken once a package is imported holds exactly what a fresh interpreter holds at
+# that point of importing any module below it. So the interpreter imports torch (every vLLM
+# module does, before anything of the tree), then walks the modules' package tree: each
+# package is imported once, in a fork of its parent package's process, and each module in a
+# fork of its own. A package that fails to import fails every module below it with its
+# error, as each would alone. Should torch's import load anything from the tree, or fail,
+# the walk is made again without it; with "skip", a torch that fails to import with the tree
+# off the path too means torch does not import here: the answer says so and nothing is
+# walked. Writes {"skipped": bool, "modules": {module: [exit code, the last line of its
+# stderr]}} as JSON.
 _IMPORT_EACH = r"""
 import json, os, sys, traceback
-answer, modules = sys.argv[1], sys.argv[2:]
+answer, without_torch, modules = sys.argv[1], sys.argv[2], sys.argv[3:]
 sys.argv = ["-c"]  # what `python -c "import MODULE"` gives the imported code
 records = answer + ".d"  # one record per module, and each fork's stderr
 os.mkdir(records)
+TORCH_FAILED = 5
 
 
 def record(module, code, last):
@@ -261,8 +264,8 @@ def with_torch():
     # torch first, in a fork; should it load anything of the tree, the walk goes without it
     try:
         import torch  # noqa: F401
-    except ImportError:
-        pass
+    except BaseException:
+        os._exit(TORCH_FAILED)
     root = os.path.realpath(os.getcwd()) + os.sep
     files = [getattr(m, "__file__", None) for m in list(sys.modules.values())]
     if any(os.path.isabs(f) and os.path.realpath(f).startswith(root) for f in files if isinstance(f, str)):
@@ -271,13 +274,32 @@ def with_torch():
     os._exit(0)
 
 
+def torch_imports_off_the_tree():
+    # in a fork, with the tree (the working directory) off the path: torch alone
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            root = os.path.realpath(os.getcwd())
+            sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != root]
+            import torch  # noqa: F401
+            code = 0
+        finally:
+            os._exit(code)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+
+
 pid = os.fork()
 if pid == 0:
     try:
         with_torch()
     finally:
         os._exit(4)
-os.waitpid(pid, 0)
+torch_code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+if torch_code == TORCH_FAILED and without_torch == "skip" and not torch_imports_off_the_tree():
+    with open(answer, "w") as out:
+        json.dump({"skipped": True, "modules": {}}, out)
+    sys.exit(0)
 if not all(os.path.exists(os.path.join(records, module)) for module in modules):
     for module in modules:
         if os.path.exists(os.path.join(records, module)):
@@ -288,13 +310,17 @@ for module in modules:
     with open(os.path.join(records, module)) as found:
         results[module] = json.loads(found.read())
 with open(answer, "w") as out:
-    json.dump(results, out)
+    json.dump({"skipped": False, "modules": results}, out)
 """
 
 
-def import_problems(root: Path, modules: list[str], python: str = sys.executable) -> list[str]:
+def import_problems(root: Path, modules: list[str], python: str = sys.executable,
+                    *, only_where_torch_imports: bool = False) -> list[str]:
     """Import each module from ``root`` as a fresh interpreter would; the failures, one
-    line each.
+    line each. With ``only_where_torch_imports``, raises TorchDoesNotImport instead where
+    torch does not import in the check's own environment, even with the tree off the path:
+    nothing could be checked. The check's interpreter finds that out itself, so torch is
+    imported once (a probe of its own cost an import of torch more, about 3 s of CPU).
 
     One interpreter does it for all of them (``_IMPORT_EACH``): torch and each package
     above the modules are imported once, each module in a fork after its packages. The
@@ -315,12 +341,16 @@ def import_problems(root: Path, modules: list[str], python: str = sys.executable
     with tempfile.TemporaryDirectory(prefix="import-check-") as tmp:
         answer = Path(tmp) / "answer.json"
         result = subprocess.run(
-            [python, "-c", _IMPORT_EACH, str(answer), *modules], cwd=root, env=env,
+            [python, "-c", _IMPORT_EACH, str(answer),
+             "skip" if only_where_torch_imports else "walk", *modules], cwd=root, env=env,
             capture_output=True, text=True, timeout=600 * max(1, len(modules)), check=False,
         )
         if result.returncode != 0 or not answer.is_file():
             last = (result.stderr.strip().splitlines() or ["no output"])[-1]
             return [f"import check of {', '.join(modules)} failed: {last}"]
-        answers = json.loads(answer.read_text())
+        answer_json = json.loads(answer.read_text())
+    if answer_json["skipped"]:
+        raise TorchDoesNotImport(f"{python}: torch does not import")
+    answers = answer_json["modules"]
     return [f"import {module} failed: {answers[module][1]}" for module in modules
             if answers.get(module, [1])[0] != 0]

@@ -1,7 +1,11 @@
 """Static verification: compile errors and unresolved vLLM imports are found."""
 
+import sys
+
+import pytest
+
 from recipekit.tree import TreeView
-from recipekit.verify import import_problems, static_problems
+from recipekit.verify import TorchDoesNotImport, import_problems, static_problems
 
 
 def make(tmp_path, files):
@@ -92,3 +96,37 @@ def test_a_module_that_kills_its_interpreter_is_reported(tmp_path):
     })
     assert import_problems(tmp_path, ["vllm.dies", "vllm.lives"]) == [
         "import vllm.dies failed: killed by signal 9"]
+
+
+def python_without_site(tmp_path):
+    """This interpreter without its site-packages (`-S`): torch does not import in it."""
+    wrapper = tmp_path / "python-without-site"
+    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+def test_where_torch_does_not_import_the_check_says_so_or_walks_as_asked(tmp_path):
+    """Asked to check only where torch imports, the check refuses to judge without it; told
+    to check regardless (--import-check on), each module is imported and the one that needs
+    torch fails with torch's error."""
+    tree = tmp_path / "tree"
+    make(tree, {"vllm/__init__.py": "", "vllm/plain.py": "X = 1\n",
+                "vllm/needs_torch.py": "import torch\n"})
+    python = python_without_site(tmp_path)
+    with pytest.raises(TorchDoesNotImport, match="torch does not import"):
+        import_problems(tree, ["vllm.plain", "vllm.needs_torch"], python,
+                        only_where_torch_imports=True)
+    assert import_problems(tree, ["vllm.plain", "vllm.needs_torch"], python) == [
+        "import vllm.needs_torch failed: ModuleNotFoundError: No module named 'torch'"]
+
+
+def test_a_tree_that_breaks_torchs_import_is_still_checked(tmp_path):
+    """torch imports here, but not with this tree first on the path (it shadows a module
+    torch imports): the check still runs, without torch preloaded, and reports what fails."""
+    make(tmp_path, {"typing_extensions.py": "raise ImportError('shadowed by the tree')\n",
+                    "vllm/__init__.py": "", "vllm/plain.py": "X = 1\n",
+                    "vllm/needs_torch.py": "import torch\n"})
+    assert import_problems(tmp_path, ["vllm.plain", "vllm.needs_torch"],
+                           only_where_torch_imports=True) == [
+        "import vllm.needs_torch failed: ImportError: shadowed by the tree"]
