@@ -18,39 +18,46 @@ cases of one tree share all of it but the modules their environment changes.
 
 from __future__ import annotations
 
+import gc
 import importlib
+import importlib.util
 import json
 import os
-import runpy
+import shutil
 import sys
 import tempfile
-import traceback
+from pathlib import Path
+
+# loaded by path, outside the tests' packages (it imports only the standard library), so
+# nothing of the repository reaches the cases' process
+_SERVER_FILE = Path(__file__).resolve().parents[2] / "prewarmed_server.py"
+_spec = importlib.util.spec_from_file_location("_glm53_prewarmed_server", _SERVER_FILE)
+prewarmed_server = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(prewarmed_server)
 
 
-def run_case(case: dict, out_path: str, err_path: str) -> int:
-    """In the child: fds 1 and 2 to files, the case's env and argv, the script as __main__."""
-    for fd, path in ((1, out_path), (2, err_path)):
-        file = os.open(path, os.O_WRONLY | os.O_TRUNC)
-        os.dup2(file, fd)
-        os.close(file)
-    sys.stdout = os.fdopen(1, "w", buffering=1)
-    sys.stderr = os.fdopen(2, "w", buffering=1)
-    os.environ.update(case.get("env", {}))
-    sys.argv = [case["script"], *case.get("args", [])]
-    sys.path[0] = os.path.dirname(os.path.abspath(case["script"]))
-    code = 0
-    try:
-        runpy.run_path(case["script"], run_name="__main__")
-    except SystemExit as done:
-        code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
-        if done.code is not None and not isinstance(done.code, int):
-            print(done.code, file=sys.stderr)
-    except BaseException:  # noqa: BLE001 - reported as the interpreter would
-        traceback.print_exc()
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    return code
+def absolute_python_path(env: dict[str, str]) -> list[str]:
+    """PYTHONPATH's folders as site.py leaves them in sys.path: absolute, without repeats."""
+    value = env.get("PYTHONPATH", "")
+    return list(dict.fromkeys(os.path.abspath(e) for e in value.split(os.pathsep))) if value else []
+
+
+def base_path() -> list[str]:
+    """This interpreter's path without its script's folder and PYTHONPATH: what every fresh
+    interpreter of the venv has, which run_command puts a case's own folders into."""
+    ours = set(absolute_python_path(dict(os.environ)))
+    return [entry for entry in sys.path[1:] if entry not in ours]
+
+
+def run_case(case: dict, out_path: str, err_path: str, base: list[str]) -> int:
+    """In the child: the case as a command of tests/prewarmed_server.py, stdin this
+    process's, stdout and stderr to the files."""
+    env = {**os.environ, **case.get("env", {})}
+    request = {"argv": [case["script"], *case.get("args", [])], "env": env,
+               "cwd": os.getcwd(), "python_path": absolute_python_path(env)}
+    fds = [os.dup(0), os.open(out_path, os.O_WRONLY | os.O_TRUNC),
+           os.open(err_path, os.O_WRONLY | os.O_TRUNC)]
+    return prewarmed_server.run_command(request, fds, base)
 
 
 def main() -> None:
@@ -64,8 +71,12 @@ def main() -> None:
         sys.exit(2)
     sys.stdout.flush()
     sys.stderr.flush()
+    base = base_path()
+    gc.freeze()  # as the server does: a case's collection then copies none of the preload
     answers = []
-    with tempfile.TemporaryDirectory(prefix="probe-runner-") as tmp:
+    # not a TemporaryDirectory: its finalizer would sit in atexit, which each case runs
+    tmp = tempfile.mkdtemp(prefix="probe-runner-")
+    try:
         for index, case in enumerate(request["cases"]):
             out_path, err_path = (os.path.join(tmp, f"{index}.{n}") for n in ("out", "err"))
             for path in (out_path, err_path):
@@ -74,7 +85,7 @@ def main() -> None:
             if pid == 0:
                 code = 1
                 try:
-                    code = run_case(case, out_path, err_path)
+                    code = run_case(case, out_path, err_path, base)
                 finally:
                     os._exit(code)
             _, status, usage = os.wait4(pid, 0)
@@ -82,6 +93,8 @@ def main() -> None:
             with open(out_path) as out, open(err_path) as err:
                 answers.append({"returncode": code, "stdout": out.read(), "stderr": err.read(),
                                 "cpu_s": round(usage.ru_utime + usage.ru_stime, 2)})
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     with open(sys.argv[2], "w") as answer:
         json.dump(answers, answer)
 
