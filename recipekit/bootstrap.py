@@ -28,8 +28,12 @@ INSIDE = "GLM53_TOOL_ENV"  # set in the re-run, so a broken environment cannot l
 MIN_PYTHON = (3, 11)
 
 
+CACHE_ENV = "GLM53_RECIPE_CACHE"  # where the recipe keeps its venvs, trees and wheels
+
+
 def cache_root() -> Path:
-    override = os.environ.get("GLM53_RECIPE_CACHE")
+    """The recipe cache: $GLM53_RECIPE_CACHE, else glm53-recipe under the user's cache."""
+    override = os.environ.get(CACHE_ENV)
     if override:
         return Path(override)
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "glm53-recipe"

@@ -20,7 +20,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-CACHE_ENV = "GLM53_RECIPE_CACHE"
+from recipekit.bootstrap import CACHE_ENV, cache_root
+
 DONE_MARKER = ".complete"  # written last into a published tree
 
 
@@ -45,15 +46,6 @@ class PinnedWheel:
     @property
     def wheel_prefix(self) -> str:
         return f"{self.project.replace('-', '_')}-{self.version}-"
-
-
-def cache_root() -> Path:
-    """The directory holding every cached tree."""
-    override = os.environ.get(CACHE_ENV)
-    if override:
-        return Path(override)
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg) / "glm53-recipe"
 
 
 def sha256_file(path: Path) -> str:

@@ -11,10 +11,20 @@ from pathlib import Path
 
 import pytest
 
-from recipekit.vllm_sources import release_tree
+from recipekit.pinned_wheels import DONE_MARKER
+from recipekit.vllm_sources import cache_root, release_tree
 from tests.prewarmed import prewarmed
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# vLLM's and FlashInfer's own caches, which the tier's engines and imports write (vLLM's
+# model-info inspections, FlashInfer's JIT log): in the recipe cache, not the user's home.
+OWN_CACHES = {"VLLM_CACHE_ROOT": "vllm", "FLASHINFER_WORKSPACE_BASE": "flashinfer"}
+
+
+def pytest_configure(config):
+    """Before any command or prewarmed interpreter starts, so every one inherits them."""
+    for name, subdir in OWN_CACHES.items():
+        os.environ[name] = str(cache_root() / "vllm-tier" / subdir)
 
 
 @pytest.fixture(scope="session")
@@ -74,6 +84,14 @@ def run_script(*args: str, cwd: Path = REPO_ROOT, env: dict | None = None):
         [sys.executable, *args], cwd=cwd, capture_output=True, text=True,
         env={**os.environ, **(env or {})}, timeout=900, check=False,
     )
+
+
+def published_state(tree: Path) -> tuple:
+    """What a rebuild of a cached tree would change: the tree's inode (a new tree is renamed
+    into place), its completion marker's time, and its folder's entries (a rebuild stages
+    beside it)."""
+    return (tree.stat().st_ino, (tree / DONE_MARKER).stat().st_mtime_ns,
+            sorted(entry.name for entry in tree.parent.iterdir()))
 
 
 def patch_layer(layer: str, root: Path, *extra: str) -> tuple[int, dict, str]:

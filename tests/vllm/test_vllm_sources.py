@@ -1,25 +1,24 @@
-"""Real release trees: pinned wheels, a fast offline second call, a cache safe for parallel workers."""
+"""Real release trees: pinned wheels, an offline second call served from the cache, a cache safe for parallel workers."""
 
 import subprocess
 import sys
-import time
 
 import pytest
 
 from recipekit import vllm_sources
+from recipekit.pinned_wheels import publish_tree
 from recipekit.vllm_sources import SourceError, release_tree
-from tests.vllm.conftest import REPO_ROOT, run_script
+from tests.vllm.conftest import REPO_ROOT, published_state, run_script
 
 
-def test_second_call_is_offline_and_fast(release):
+def test_second_call_is_offline_and_serves_the_cached_tree(release):
     tree = release("0.27.1")
-    started = time.monotonic()
+    before = published_state(tree)
     result = run_script("scripts/vllm-src", "0.27.1", env={"PIP_INDEX_URL": "http://127.0.0.1:9/none"})
-    elapsed = time.monotonic() - started
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == str(tree)
     assert (tree / "vllm" / "__init__.py").is_file()
-    assert elapsed < 1.0
+    assert published_state(tree) == before
 
 
 def test_unpinned_release_is_refused():
@@ -54,3 +53,20 @@ def test_parallel_workers_share_one_complete_tree(tmp_path):
     assert len({tuple(out) for out in outputs}) == 1
     assert int(outputs[0][1]) == 2360
     assert not list((tmp_path / "vllm-src").glob(".0.27.1-*"))
+
+
+def test_a_rebuilt_tree_changes_its_published_state(tmp_path):
+    """The offline second calls above would fail had the script rebuilt the tree."""
+    tree = tmp_path / "vllm-src" / "1.0"
+
+    def build():
+        staged = tmp_path / "vllm-src" / ".1.0-staged"
+        (staged / "vllm").mkdir(parents=True)
+        (staged / "vllm" / "__init__.py").write_text("")
+        publish_tree(staged, tree, "1.0")
+
+    build()
+    before = published_state(tree)
+    assert published_state(tree) == before
+    build()
+    assert published_state(tree) != before
