@@ -132,9 +132,10 @@ def check_against_relay(doc: dict, relayed: list[RelayedStream],
     """Per stream, against the second client (the relay between the bench and the engine):
     the same decode tokens and token-bearing chunks; tok/s the bench's decode tokens over
     its own first-to-last chunk span (to the rounding of the two stamps it wrote); and each
-    chunk stamped no earlier than the relay read it. Both stamp the host's monotonic clock (the wave's t0_monotonic_s lines the
-    bench's times up with the relay's), and the relay writes a chunk on only after stamping
-    it, so a bench stamp before the relay's is a clock other than the chunk's arrival.
+    chunk stamped no earlier than the relay read it. Both stamp the host's monotonic clock
+    (the wave's t0_monotonic_s lines the bench's times up with the relay's), and the relay
+    writes a chunk on only after stamping it, so a bench stamp before the relay's is a clock
+    other than the chunk's arrival.
     The span may then differ from the relay's by 1% plus the bench's own read delays,
     measured chunk by chunk in the process that reads (a reader descheduled on a loaded
     2-core machine reads a burst late: 30-40 ms at c=4 under CI's load)."""

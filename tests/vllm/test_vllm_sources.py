@@ -1,4 +1,5 @@
-"""Real release trees: pinned wheels, an offline second call served from the cache, a cache safe for parallel workers."""
+"""Real release trees: pinned wheels, an offline second call served from the cache, a cache
+safe for parallel workers."""
 
 import subprocess
 import sys
